@@ -1,0 +1,271 @@
+"""Confined access to the source directory.
+
+The daemon must never touch a path outside SRC, even if SRC changes under it (a directory swapped
+for a symlink between a lookup and an open). Every path is resolved relative to a descriptor of the
+source root with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`` when the kernel has it (5.6+),
+else component by component with ``O_NOFOLLOW``. Metadata calls use the parent directory's
+descriptor plus ``follow_symlinks=False`` on the last component.
+
+Data reads are always ``os.preadv`` at an explicit offset (no shared file position). With
+``direct`` the source is opened with ``O_DIRECT`` where supported (not tmpfs): fastfs then keeps
+the only cached copy and the source sees our large requests instead of its own small read-ahead;
+reads into unaligned buffers or at unaligned tails fall back to a buffered descriptor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import stat
+import struct
+
+_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine)
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+# O_DIRECT needs buffer, offset and length aligned to the logical block size; 4 KiB covers all disks.
+DIRECT_ALIGN = 4096
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_openat2_works: bool | None = None
+
+
+def _openat2(dirfd: int, rel: str, flags: int) -> int:
+    how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
+    buf = ctypes.create_string_buffer(how)
+    path = os.fsencode(rel)
+    fd = _syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(path), buf,
+                  ctypes.c_size_t(len(how)))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), rel)
+    return fd
+
+
+def split(path: str) -> list[str]:
+    """FUSE path ``/a/b`` -> ``["a", "b"]``; rejects ``..`` and empty components."""
+    parts = [p for p in path.split("/") if p and p != "."]
+    if any(p == ".." for p in parts):
+        raise OSError(errno.EACCES, "path escapes the source", path)
+    return parts
+
+
+class Source:
+    """The source tree, reached only through descriptors beneath its root.
+
+    Thread-safe: holds only the immutable root descriptor.
+    """
+
+    def __init__(self, root: str, direct: bool = True) -> None:
+        self.root = os.path.realpath(root)
+        self.root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.direct = direct and hasattr(os, "O_DIRECT")
+
+    def close(self) -> None:
+        if self.root_fd >= 0:
+            os.close(self.root_fd)
+            self.root_fd = -1
+
+    # -- resolution -------------------------------------------------------------------------
+    def open_rel(self, parts: list[str], flags: int) -> int:
+        """Open ``root/parts`` without following any symlink; returns a descriptor."""
+        global _openat2_works
+        rel = "/".join(parts) or "."
+        if _openat2_works is not False and _SYS_OPENAT2 is not None:
+            try:
+                fd = _openat2(self.root_fd, rel, flags)
+                _openat2_works = True
+                return fd
+            except OSError as e:
+                if e.errno not in (errno.ENOSYS, errno.EPERM) or _openat2_works:
+                    if e.errno == errno.EXDEV:  # escaped the root: treat as absent
+                        raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), rel) from None
+                    if e.errno == errno.ELOOP:  # a symlink on the way
+                        raise OSError(errno.ENOENT if parts[:-1] else errno.ELOOP, os.strerror(e.errno), rel) \
+                            from None
+                    raise
+                _openat2_works = False
+        return self._open_walk(parts, flags)
+
+    def _open_walk(self, parts: list[str], flags: int) -> int:
+        fd = os.dup(self.root_fd)
+        try:
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                f = (flags if last else os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW | os.O_CLOEXEC
+                nfd = os.open(part, f, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+            if not parts:
+                nfd = os.open(".", flags | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _parent(self, path: str) -> tuple[int, str]:
+        parts = split(path)
+        if not parts:
+            return os.dup(self.root_fd), "."
+        fd = self.open_rel(parts[:-1], os.O_RDONLY | os.O_DIRECTORY | os.O_PATH)
+        return fd, parts[-1]
+
+    # -- metadata ---------------------------------------------------------------------------
+    def lstat(self, path: str) -> os.stat_result:
+        parts = split(path)
+        if not parts:
+            return os.stat(self.root_fd)
+        fd, name = self._parent(path)
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+
+    def listdir(self, path: str) -> list[str]:
+        fd = self.open_rel(split(path), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
+
+    def scandir_files(self, path: str) -> list[tuple[str, os.stat_result]]:
+        """(name, lstat) of the regular files of one directory."""
+        fd = self.open_rel(split(path), os.O_RDONLY | os.O_DIRECTORY)
+        out = []
+        try:
+            for name in os.listdir(fd):
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out.append((name, st))
+            return out
+        finally:
+            os.close(fd)
+
+    def readlink(self, path: str) -> str:
+        fd, name = self._parent(path)
+        try:
+            return os.readlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def statvfs(self) -> os.statvfs_result:
+        return os.statvfs(self.root_fd)
+
+    def access(self, path: str, mode: int) -> None:
+        fd, name = self._parent(path)
+        try:
+            if not os.access(name, mode, dir_fd=fd, follow_symlinks=False, effective_ids=False):
+                raise OSError(errno.EACCES, os.strerror(errno.EACCES), path)
+        finally:
+            os.close(fd)
+
+    def _xattr_fd(self, path: str) -> int:
+        return self.open_rel(split(path), os.O_RDONLY | os.O_NONBLOCK)
+
+    def getxattr(self, path: str, name: str) -> bytes:
+        st = self.lstat(path)
+        if stat.S_ISLNK(st.st_mode) or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            raise OSError(errno.ENODATA, os.strerror(errno.ENODATA), path)
+        fd = self._xattr_fd(path)
+        try:
+            return os.getxattr(fd, name)
+        finally:
+            os.close(fd)
+
+    def listxattr(self, path: str) -> list[str]:
+        st = self.lstat(path)
+        if stat.S_ISLNK(st.st_mode) or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            return []
+        fd = self._xattr_fd(path)
+        try:
+            return os.listxattr(fd)
+        finally:
+            os.close(fd)
+
+    # -- data -------------------------------------------------------------------------------
+    def open_file(self, path: str) -> SourceFile:
+        """Open a regular file for reading (ELOOP/ENOENT for symlinks, EISDIR etc. passed on)."""
+        parts = split(path)
+        fd = self.open_rel(parts, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+                              "not a regular file", path)
+            os.set_blocking(fd, True)
+            dfd = -1
+            if self.direct:
+                try:
+                    dfd = self.open_rel(parts, os.O_RDONLY | os.O_DIRECT)
+                except OSError:
+                    dfd = -1
+            return SourceFile(fd, dfd, st)
+        except BaseException:
+            os.close(fd)
+            raise
+
+
+def stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """Identity of one version of a file: a changed source never matches a cached key."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class SourceFile:
+    """An open source file: buffered descriptor plus an optional O_DIRECT one.
+
+    Reference counted by the engine (shared between handles of the same version and in-flight
+    fetches); closed when the last user releases it. ``refs`` is guarded by the engine's lock.
+    """
+
+    __slots__ = ("fd", "dfd", "st", "key", "size", "refs")
+
+    def __init__(self, fd: int, dfd: int, st: os.stat_result) -> None:
+        self.fd = fd
+        self.dfd = dfd
+        self.st = st
+        self.key = stat_key(st)
+        self.size = st.st_size
+        self.refs = 1
+
+    def read_into(self, offset: int, view: memoryview, aligned: bool = False) -> int:
+        """Fill *view* from *offset* (loops over short reads, EINTR retried by Python); returns bytes read.
+
+        With *aligned* (buffer address and length multiples of DIRECT_ALIGN) the O_DIRECT descriptor
+        is used when there is one; a failure of O_DIRECT (EINVAL on odd filesystems) falls back.
+        """
+        total = 0
+        want = len(view)
+        if aligned and self.dfd >= 0 and offset % DIRECT_ALIGN == 0:
+            try:
+                while total < want:
+                    n = os.preadv(self.dfd, [view[total:]], offset + total)
+                    if n <= 0:
+                        return total
+                    total += n
+                    if total % DIRECT_ALIGN:
+                        break  # short read at EOF; finish buffered
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                os.close(self.dfd)
+                self.dfd = -1
+        while total < want:
+            n = os.preadv(self.fd, [view[total:]], offset + total)
+            if n <= 0:
+                break
+            total += n
+        return total
+
+    def close(self) -> None:
+        for fd in (self.fd, self.dfd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.dfd = -1

@@ -1,0 +1,194 @@
+"""Counters of what the engine did, recorded where each event happens.
+
+Design: every thread writes into its own shard (a plain dict reached through
+``threading.local``), so counting takes no lock and costs one dict update; a snapshot sums the
+shards under the registry lock. Metric names are the constants below, in one place, used by the
+engine, the stats file, the CLI and the Prometheus exporter alike.
+
+Concurrency: ``_lock`` guards ``_shards`` (the list of per-thread dicts) and ``_files``; a shard is
+written only by its own thread and read (racily but safely: ints are replaced atomically under the
+GIL) by snapshots.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from typing import Any
+
+# Byte counters.
+BYTES_REQUESTED = "bytes_requested"  # asked for by applications (read requests from the kernel)
+BYTES_SERVED_CACHE = "bytes_served_from_cache"  # of those, copied from RAM blocks already present
+BYTES_FETCHED_DEMAND = "bytes_fetched_demand"  # read from the source because a reader waited for them
+BYTES_FETCHED_PREFETCH = "bytes_fetched_prefetch"  # read from the source ahead of any reader
+BYTES_PREFETCH_USED = "bytes_prefetch_used"  # prefetched bytes later delivered to a reader
+BYTES_PREFETCH_WASTED = "bytes_prefetch_wasted"  # prefetched bytes evicted or invalidated before any use
+# Event counters.
+READ_REQUESTS = "read_requests"
+PREADS = "preads"
+PREAD_ERRORS = "pread_errors"
+EVICTIONS = "evictions"
+BACKPRESSURE = "prefetch_declined"  # prefetch refused because the budget was full
+SEQ_STREAMS = "sequential_streams"  # streams that became sequential
+SEQ_RESETS = "sequential_resets"  # sequential streams that collapsed on a seek
+RANDOM_STREAMS = "random_streams"
+SCANS = "small_file_scans"
+SCAN_FILES = "small_file_scan_files"  # files fetched whole by scans
+FORMAT_PLANS = "format_plans"  # opens whose header gave a prefetch plan
+MMAP_STREAMS = "mmap_streams"  # page-fault shaped readers turned into range prefetch
+LEARNED_PLANS = "learned_plans"  # learned access sets replayed
+LEARNED_FILES_USED = "learned_files_used"  # files of a replayed set that were then read
+OPENS = "opens"
+TIMEOUTS = "read_timeouts"
+
+COUNTERS = (
+    BYTES_REQUESTED, BYTES_SERVED_CACHE, BYTES_FETCHED_DEMAND, BYTES_FETCHED_PREFETCH, BYTES_PREFETCH_USED,
+    BYTES_PREFETCH_WASTED, READ_REQUESTS, PREADS, PREAD_ERRORS, EVICTIONS, BACKPRESSURE, SEQ_STREAMS,
+    SEQ_RESETS, RANDOM_STREAMS, SCANS, SCAN_FILES, FORMAT_PLANS, MMAP_STREAMS, LEARNED_PLANS,
+    LEARNED_FILES_USED, OPENS, TIMEOUTS,
+)
+
+# Upper bounds (bytes) of the request-size histogram: 4K pages, 128K default read-ahead, 1M FUSE max.
+REQUEST_SIZE_BUCKETS = (4096, 16384, 65536, 131072, 262144, 1048576)
+# Upper bounds (seconds) of the pread latency histogram: 50 us (RAM) .. 10 s (stalled network).
+LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0, 10.0)
+# Files tracked for the top-N table; beyond this the least-fetched entries are dropped.
+MAX_TRACKED_FILES = 4096
+
+_SIZE_KEYS = tuple(f"size_le_{b}" for b in REQUEST_SIZE_BUCKETS) + ("size_gt_1048576",)
+_LAT_KEYS = tuple(f"lat_le_{b}" for b in LATENCY_BUCKETS) + ("lat_inf",)
+
+
+class Stats:
+    """Per-mount counters; cheap to update from any thread, summed on :meth:`snapshot`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shards: list[dict[str, float]] = []
+        self._local = threading.local()
+        self._files: dict[str, list[int]] = {}  # path -> [fetched, delivered]
+        self._errors: dict[str, int] = {}
+        self.started = time.time()
+        self._monotonic_start = time.monotonic()
+        self.gauges: dict[str, Any] = {}  # filled by the engine's snapshot hook
+        self.enabled = True
+
+    def _shard(self) -> dict[str, float]:
+        try:
+            return self._local.shard
+        except AttributeError:
+            shard: dict[str, float] = dict.fromkeys(COUNTERS + _SIZE_KEYS + _LAT_KEYS, 0)
+            shard["lat_sum"] = 0.0
+            with self._lock:
+                self._shards.append(shard)
+            self._local.shard = shard
+            return shard
+
+    def add(self, name: str, value: int = 1) -> None:
+        """Add *value* to counter *name*."""
+        if self.enabled:
+            self._shard()[name] += value
+
+    def request(self, size: int, served_from_cache: int) -> None:
+        """One application read of *size* bytes, *served_from_cache* of them from RAM blocks."""
+        if not self.enabled:
+            return
+        shard = self._shard()
+        shard[READ_REQUESTS] += 1
+        shard[BYTES_REQUESTED] += size
+        shard[BYTES_SERVED_CACHE] += served_from_cache
+        shard[_SIZE_KEYS[bisect.bisect_left(REQUEST_SIZE_BUCKETS, size)]] += 1
+
+    def pread(self, seconds: float) -> None:
+        """One source pread that took *seconds*."""
+        if not self.enabled:
+            return
+        shard = self._shard()
+        shard[PREADS] += 1
+        shard["lat_sum"] += seconds
+        shard[_LAT_KEYS[bisect.bisect_left(LATENCY_BUCKETS, seconds)]] += 1
+
+    def error(self, errno_name: str) -> None:
+        """A source error, counted by errno name (EIO, ETIMEDOUT, ...)."""
+        with self._lock:
+            self._errors[errno_name] = self._errors.get(errno_name, 0) + 1
+        self.add(PREAD_ERRORS)
+
+    def file_bytes(self, path: str, fetched: int = 0, delivered: int = 0) -> None:
+        """Per-file fetched/delivered bytes for the top-N table (amplification per file)."""
+        if not self.enabled:
+            return
+        with self._lock:
+            entry = self._files.get(path)
+            if entry is None:
+                if len(self._files) >= MAX_TRACKED_FILES:
+                    victim = min(self._files, key=lambda p: self._files[p][0])
+                    del self._files[victim]
+                entry = self._files[path] = [0, 0]
+            entry[0] += fetched
+            entry[1] += delivered
+
+    def counters(self) -> dict[str, float]:
+        """Sum of all shards."""
+        with self._lock:
+            shards = list(self._shards)
+        total: dict[str, float] = dict.fromkeys(COUNTERS + _SIZE_KEYS + _LAT_KEYS, 0)
+        total["lat_sum"] = 0.0
+        for shard in shards:
+            for key, value in list(shard.items()):
+                total[key] += value
+        return total
+
+    def snapshot(self, top: int = 10) -> dict[str, Any]:
+        """JSON-ready view: counters, histograms, derived ratios, gauges and the top files."""
+        c = self.counters()
+        with self._lock:
+            errors = dict(self._errors)
+            files = sorted(self._files.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
+        requested = c[BYTES_REQUESTED]
+        fetched = c[BYTES_FETCHED_DEMAND] + c[BYTES_FETCHED_PREFETCH]
+        prefetched = c[BYTES_FETCHED_PREFETCH]
+        lat_counts = [int(c[k]) for k in _LAT_KEYS]
+        return {
+            "version": 1,
+            "uptime_seconds": round(time.monotonic() - self._monotonic_start, 3),
+            "started": self.started,
+            "counters": {k: int(c[k]) for k in COUNTERS},
+            "request_sizes": dict(zip([str(b) for b in REQUEST_SIZE_BUCKETS] + ["+Inf"],
+                                      [int(c[k]) for k in _SIZE_KEYS])),
+            "pread_latency": {
+                "buckets": dict(zip([str(b) for b in LATENCY_BUCKETS] + ["+Inf"], lat_counts)),
+                "sum_seconds": c["lat_sum"],
+                "count": int(c[PREADS]),
+                "p50": _quantile(lat_counts, 0.50),
+                "p95": _quantile(lat_counts, 0.95),
+                "p99": _quantile(lat_counts, 0.99),
+            },
+            "errors": errors,
+            "derived": {
+                "hit_ratio": c[BYTES_SERVED_CACHE] / requested if requested else 0.0,
+                "amplification": fetched / requested if requested else 0.0,
+                "prefetch_accuracy": c[BYTES_PREFETCH_USED] / prefetched if prefetched else 0.0,
+                "bytes_fetched": int(fetched),
+            },
+            "gauges": dict(self.gauges),
+            "top_files": [
+                {"path": p, "fetched": f, "delivered": d, "amplification": (f / d if d else None)}
+                for p, (f, d) in files
+            ],
+        }
+
+
+def _quantile(counts: list[int], q: float) -> float | None:
+    """Upper bound of the latency bucket holding quantile *q* (None when empty)."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank = q * total
+    running = 0
+    for bound, n in zip(LATENCY_BUCKETS + (float("inf"),), counts):
+        running += n
+        if running >= rank:
+            return bound if bound != float("inf") else LATENCY_BUCKETS[-1]
+    return LATENCY_BUCKETS[-1]  # pragma: no cover
