@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-
 from fastfs.config.schema import Config, ConfigValueError
 
 DEFAULT_PATH = "/etc/fastfs/fastfs.yaml"

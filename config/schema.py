@@ -73,8 +73,11 @@ class CacheConfig:
     def validate(self) -> None:
         _check(self.budget == 0 or self.budget >= MIN_BUDGET, "cache.budget", f"must be 0 (auto) or >= {MIN_BUDGET}")
         bs = self.block_size
-        _check(64 * KIB <= bs <= 64 * MIB and bs & (bs - 1) == 0, "cache.block_size",
-               "must be a power of two between 64K and 64M")
+        _check(
+            64 * KIB <= bs <= 64 * MIB and bs & (bs - 1) == 0,
+            "cache.block_size",
+            "must be a power of two between 64K and 64M",
+        )
         _check(1 <= self.workers <= 256, "cache.workers", "must be between 1 and 256")
 
 
@@ -104,8 +107,11 @@ class ReadaheadConfig:
     """Seconds a read may wait for the source before failing with EIO (0: wait forever)."""
 
     def validate(self) -> None:
-        _check(64 * 1024 <= self.initial_window <= self.max_window, "readahead.initial_window",
-               "must be >= 64K and <= readahead.max_window")
+        _check(
+            64 * 1024 <= self.initial_window <= self.max_window,
+            "readahead.initial_window",
+            "must be >= 64K and <= readahead.max_window",
+        )
         _check(self.max_window <= 1 * GIB, "readahead.max_window", "must be <= 1G")
         _check(0 <= self.small_file_max <= 64 * MIB, "readahead.small_file_max", "must be between 0 and 64M")
         _check(2 <= self.scan_trigger <= 1000, "readahead.scan_trigger", "must be between 2 and 1000")

@@ -1,19 +1,82 @@
 """The engine: the whole read path of fastfs behind a small, FUSE-free API.
 
-(Skeleton: pass-through reads; the cache, pool and policies are wired in below.)
+The daemon's operations adapter translates kernel requests into calls of :class:`Engine`; tests
+drive it directly. The engine owns the confined :class:`~fastfs.fsio.source.Source`, the
+:class:`~fastfs.fsio.cache.BlockCache`, the :class:`~fastfs.fsio.pool.PreadPool` and the
+policies, and carries out what the pure policies plan.
+
+Read path. Each read of an open file version is fed to its :class:`StreamPolicy`. A read that
+continues a sequential stream is served from cache blocks: blocks it needs that are missing are
+fetched at demand priority, and the plan's window ahead is reserved and queued as prefetch
+(declined when the budget or the queue is full). A read of a stream that is not sequential goes to
+the source for exactly the bytes asked (no amplification for random access). Format-aware plans
+(:mod:`fastfs.fsio.formats`) and mmap-shaped reads use a :class:`RangePlan` released ahead of the
+furthest read. Every source read runs on the pool so a read can give up after
+``readahead.read_timeout`` (a hung source must not hang the application forever); results of such
+demand reads land in a private bounce buffer first, so a late completion never writes into a
+buffer the kernel already took back.
+
+Opens. Close-to-open consistency, as NFS: each open revalidates the source (open + fstat) and
+builds the file key (device, inode, size, mtime, ctime). The kernel keeps its page cache across
+opens (``keep_cache``) only when the key equals the one this path had last time; when it changed,
+the kernel's attributes and pages of the path are invalidated before the open returns. The one
+exception is a file fetched whole by a small-file scan in the last ``attr_timeout`` seconds: its
+open and lookups are answered from the metadata the scan fetched, like the kernel's own attribute
+cache, which is what makes a directory scan fast on high-latency storage.
+
+Scans. Opens are also fed to a per-directory :class:`ScanPolicy`; when it detects a scan, the
+directory is listed and its remaining small files are fetched whole in the planned order, keeping
+at most :data:`SCAN_LEAD_FILES` ahead of the reader. With learning on, the set of files each
+directory's readers opened is recorded and, on the next epoch or after a remount, a scan of that
+set starts on the first open.
+
+Concurrency: ``_lock`` guards ``_handles``, ``_entries``, ``_versions``, ``_implicit``, ``_meta``
+and source-file reference counts. Each :class:`FileEntry` has its own lock guarding its policy and
+range plan; each :class:`DirScan` its own lock guarding its scan state. No lock is held across I/O
+or while waiting for a block; the cache and pool document their own locks.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import stat
 import threading
-from dataclasses import dataclass
-from typing import Callable
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from fastfs.config.schema import Config
-from fastfs.fsio import stats as S
-from fastfs.fsio.source import Source, SourceFile
+import psutil
+from fastfs.config.schema import DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_FRACTION, MIN_BUDGET, Config
+from fastfs.fsio import formats
+from fastfs.fsio import stats as m
+from fastfs.fsio.cache import FAILED, READY, Block, BlockCache, round_up
+from fastfs.fsio.policy import RangePlan, ScanPolicy, StreamPolicy
+from fastfs.fsio.pool import PreadPool
+from fastfs.fsio.source import Source, SourceFile, split
+
+log = logging.getLogger(__name__)
+
+# Files at least this large get a format probe on first open (smaller ones are read whole anyway).
+FORMAT_MIN_SIZE = 1024 * 1024
+# How far ahead of the furthest read a format plan keeps its ranges in flight.
+FORMAT_LEAD = 256 * 1024 * 1024
+# Small files a scan keeps fetched ahead of the reader (bounds memory of huge directories).
+SCAN_LEAD_FILES = 4096
+# Scan fetches in flight per directory (enough to overlap 1.5 ms round trips).
+SCAN_PARALLEL = 32
+# Directories whose scan state is remembered (least recently used forgotten first).
+MAX_DIRS = 1024
+# Paths whose scan-fetched metadata is remembered.
+MAX_META = 200_000
+# Paths whose last file key is remembered for keep_cache decisions.
+MAX_VERSIONS = 100_000
+# Open-less readers (fuse.no_open) tracked; least recently used closed first.
+MAX_IMPLICIT = 256
+# Seconds between saves of the learned access sets.
+LEARN_SAVE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -26,26 +89,80 @@ class OpenResult:
     """True when the kernel may keep its page cache of this file (source unchanged since last open)."""
 
 
+@dataclass
+class FileEntry:
+    """State of one open file version shared by its handles."""
+
+    path: str
+    key: tuple
+    size: int
+    src: SourceFile | None
+    policy: StreamPolicy
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    handles: int = 0
+    range_plan: RangePlan | None = None
+    probed: bool = False
+
+
+@dataclass
+class MetaEntry:
+    """Metadata fetched by a scan: served for lookups and opens while fresh."""
+
+    st: os.stat_result
+    key: tuple
+    fetched_at: float
+
+
+@dataclass
+class DirScan:
+    """Scan state of one directory."""
+
+    policy: ScanPolicy
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    queue: deque[str] = field(default_factory=deque)
+    known: int = 0
+    inflight: int = 0
+    ahead: int = 0  # files fetched and not opened yet
+
+
+def default_budget() -> int:
+    """min(25% of available memory, 4 GiB), at least the minimum budget."""
+    return max(MIN_BUDGET, min(int(psutil.virtual_memory().available * DEFAULT_BUDGET_FRACTION), DEFAULT_BUDGET_CAP))
+
+
 class Engine:
-    """FUSE-free read path of one mount.
+    """FUSE-free read path of one mount (see the module docstring)."""
 
-    Public API (paths are FUSE paths: ``/`` or ``/dir/name``; errors are ``OSError`` with errno):
-    ``lstat``, ``listdir``, ``readlink``, ``statvfs``, ``access``, ``getxattr``, ``listxattr``,
-    ``open`` -> :class:`OpenResult`, ``read_into(fh, offset, dest, path=None)`` -> bytes filled,
-    ``release``, ``snapshot``, ``warm``, ``reconfigure``, ``close``.
-    """
-
-    def __init__(self, source: str, config: Config | None = None, stats: S.Stats | None = None) -> None:
+    def __init__(self, source: str, config: Config | None = None, stats: m.Stats | None = None) -> None:
         self.config = config or Config()
-        self.stats = stats or S.Stats()
-        self.source = Source(source, direct=self.config.readahead.source_direct_io)
+        self.stats = stats or m.Stats()
+        ra = self.config.readahead
+        self.source = Source(source, direct=ra.source_direct_io)
+        self.block_size = self.config.cache.block_size
+        self.cache = BlockCache(self.config.cache.budget or default_budget(), self.block_size, self.stats)
+        self.pool = PreadPool(self.config.cache.workers)
         self._lock = threading.Lock()
-        self._handles: dict[int, SourceFile] = {}
+        self._handles: dict[int, FileEntry] = {}
+        self._entries: dict[tuple, FileEntry] = {}
+        self._versions: OrderedDict[str, tuple] = OrderedDict()
+        self._implicit: OrderedDict[str, tuple[FileEntry, float]] = OrderedDict()
+        self._meta: OrderedDict[str, MetaEntry] = OrderedDict()
+        self._dirs: OrderedDict[str, DirScan] = OrderedDict()
+        self._dirs_lock = threading.Lock()
         self._next_fh = 1
+        self._closed = False
         self.invalidate: Callable[[str], None] | None = None
+        self.learn = None
+        self._saver: threading.Thread | None = None
+        self._stop = threading.Event()
+        if ra.learn:
+            self._start_learning()
 
-    # -- metadata -------------------------------------------------------------------------------
+    # == metadata ===================================================================================
     def lstat(self, path: str) -> os.stat_result:
+        meta = self._fresh_meta(path)
+        if meta is not None:
+            return meta.st
         return self.source.lstat(path)
 
     def listdir(self, path: str) -> list[str]:
@@ -58,6 +175,8 @@ class Engine:
         return self.source.statvfs()
 
     def access(self, path: str, mode: int) -> None:
+        if mode & os.W_OK:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
         self.source.access(path, mode)
 
     def getxattr(self, path: str, name: str) -> bytes:
@@ -66,47 +185,730 @@ class Engine:
     def listxattr(self, path: str) -> list[str]:
         return self.source.listxattr(path)
 
-    # -- data -----------------------------------------------------------------------------------
+    def _fresh_meta(self, path: str) -> MetaEntry | None:
+        meta = self._meta.get(path)
+        if meta is None or time.monotonic() - meta.fetched_at > self._trust_seconds():
+            return None
+        return meta
+
+    def _trust_seconds(self) -> float:
+        return self.config.fuse.attr_timeout
+
+    # == open / release =============================================================================
     def open(self, path: str, flags: int = os.O_RDONLY) -> OpenResult:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
-        f = self.source.open_file(path)
+        entry, keep = self._acquire_entry(path)
         with self._lock:
             fh = self._next_fh
             self._next_fh += 1
-            self._handles[fh] = f
-        self.stats.add(S.OPENS)
-        return OpenResult(fh, False)
+            self._handles[fh] = entry
+        self.stats.add(m.OPENS)
+        self._after_open(path, entry)
+        return OpenResult(fh, keep)
 
-    def read_into(self, fh: int, offset: int, dest: memoryview, path: str | None = None) -> int:
-        f = self._handles.get(fh)
-        if f is None:
-            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
-        if offset < 0:
-            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-        n = f.read_into(offset, dest) if offset < f.size else 0
-        self.stats.request(len(dest), 0)
-        return n
+    def _acquire_entry(self, path: str) -> tuple[FileEntry, bool]:
+        """Revalidate the source (close-to-open) and return the shared entry of its version."""
+        meta = self._fresh_meta(path)
+        src: SourceFile | None = None
+        if meta is not None and self.cache.peek(meta.key, 0) is not None:
+            key, size = meta.key, meta.st.st_size
+        else:
+            src = self.source.open_file(path)
+            key, size = src.key, src.size
+        changed = False
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = FileEntry(path, key, size, src, self._new_policy(size))
+                self._entries[key] = entry
+                src = None
+            elif entry.src is None and src is not None:
+                entry.src, src = src, None
+            entry.handles += 1
+            previous = self._versions.get(path)
+            self._versions[path] = key
+            self._versions.move_to_end(path)
+            if len(self._versions) > MAX_VERSIONS:
+                self._versions.popitem(last=False)
+            keep = previous == key
+            changed = previous is not None and previous != key
+        if src is not None:
+            self._put_source(src)
+        if changed:
+            self._source_changed(path, previous)
+        return entry, keep
 
+    def _new_policy(self, size: int) -> StreamPolicy:
+        ra = self.config.readahead
+        return StreamPolicy(size, ra.initial_window, ra.max_window)
+
+    def _source_changed(self, path: str, old_key: tuple | None) -> None:
+        """A path now has a new version: drop the old version's blocks and the kernel's caches."""
+        if old_key is not None:
+            self.cache.invalidate_file(old_key)
+        if self.invalidate is not None:
+            try:
+                self.invalidate(path)
+            except Exception:  # best effort: keep_cache=False already drops the page cache
+                log.debug("kernel invalidation of %s failed", path, exc_info=True)
+
+    def release(self, fh: int) -> None:
+        with self._lock:
+            entry = self._handles.pop(fh, None)
+            if entry is None:
+                return
+            entry.handles -= 1
+            src = None
+            if entry.handles == 0:
+                if self._entries.get(entry.key) is entry:
+                    del self._entries[entry.key]
+                src, entry.src = entry.src, None
+        if src is not None:
+            self._put_source(src)
+
+    def _put_source(self, src: SourceFile) -> None:
+        with self._lock:
+            src.refs -= 1
+            last = src.refs == 0
+        if last:
+            src.close()
+
+    def _get_source(self, entry: FileEntry) -> SourceFile:
+        """The entry's source file with a reference taken (opened now if the open was served from metadata)."""
+        with self._lock:
+            src = entry.src
+            if src is not None:
+                src.refs += 1
+                return src
+        fresh = self.source.open_file(entry.path)
+        if fresh.key != entry.key:
+            fresh.close()
+            raise OSError(errno.ESTALE, "source file changed since it was opened", entry.path)
+        with self._lock:
+            if entry.src is None and entry.handles > 0:
+                entry.src = fresh
+                fresh.refs += 1
+                return fresh
+            if entry.src is not None:
+                entry.src.refs += 1
+                other = entry.src
+            else:
+                return fresh  # entry closed meanwhile: caller's reference is the only one
+        fresh.close()
+        return other
+
+    # == read =======================================================================================
     def read(self, fh: int, offset: int, size: int) -> bytes:
+        """Convenience for tests and tools: returns the bytes."""
         buf = bytearray(max(0, size))
         n = self.read_into(fh, offset, memoryview(buf))
         return bytes(buf[:n])
 
-    def release(self, fh: int) -> None:
-        with self._lock:
-            f = self._handles.pop(fh, None)
-        if f is not None:
-            f.close()
+    def read_into(self, fh: int, offset: int, dest: memoryview, path: str | None = None) -> int:
+        """Fill ``dest`` with the file's bytes at ``offset``; returns the count (short only at EOF)."""
+        entry = self._handles.get(fh) if fh else self._implicit_entry(path)
+        if entry is None:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        if offset < 0:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        want = len(dest)
+        end = min(offset + want, entry.size)
+        if end <= offset:
+            self.stats.request(want, 0)
+            return 0
+        sequential = False
+        ra = self.config.readahead
+        if ra.enabled:
+            with entry.lock:
+                plan = entry.policy.on_read(offset, end - offset)
+                ranges = list(plan.prefetch)
+                if entry.range_plan is not None:
+                    in_plan = entry.range_plan.contains(offset)
+                    ranges += entry.range_plan.advance(offset, end)
+                else:
+                    in_plan = False
+            sequential = plan.sequential or in_plan
+            if plan.started:
+                self.stats.add(m.SEQ_STREAMS)
+            if plan.reset:
+                self.stats.add(m.SEQ_RESETS)
+            if plan.new_random:
+                self.stats.add(m.RANDOM_STREAMS)
+            demand = self._reserve_demand(entry, offset, end) if sequential else []
+            if ranges:
+                upto, complete = self._prefetch(entry, ranges)
+                if plan.prefetch:
+                    with entry.lock:
+                        entry.policy.scheduled(plan.stream, upto, complete)
+        else:
+            demand = []
+        try:
+            n, cached = self._serve(entry, offset, end, dest, demand)
+        finally:
+            for block in demand:
+                if block is not None:
+                    self.cache.unpin(block)
+        self.stats.request(want, cached)
+        return n
 
-    # -- control --------------------------------------------------------------------------------
+    def _reserve_demand(self, entry: FileEntry, offset: int, end: int) -> list[Block | None]:
+        """Reserve and queue (demand priority) the missing blocks of [offset, end); pinned, in order."""
+        bs = self.block_size
+        out: list[Block | None] = []
+        for index in range(offset // bs, (end - 1) // bs + 1):
+            block = self.cache.get(entry.key, index)
+            if block is None:
+                block = self._fetch_block(entry, index, demand=True, keep_pin=True)
+            out.append(block)
+        return out
+
+    def _serve(self, entry: FileEntry, offset: int, end: int, dest: memoryview, demand: list) -> tuple[int, int]:
+        bs = self.block_size
+        pos = offset
+        cached = 0
+        first = offset // bs
+        timeout = self.config.readahead.read_timeout or None
+        while pos < end:
+            index = pos // bs
+            block_start = index * bs
+            stop = min(end, block_start + bs)
+            block = demand[index - first] if demand else None
+            pinned_here = False
+            if block is None:
+                block = self.cache.get(entry.key, index)
+                pinned_here = block is not None
+            if block is None:
+                got = self._read_direct(entry, pos, dest[pos - offset : stop - offset])
+                if got < stop - pos:
+                    return pos - offset + got, cached
+                pos = stop
+                continue
+            try:
+                ready = block.state == READY
+                if not ready and not block.done.wait(timeout):
+                    self._timed_out(entry)
+                if block.state == FAILED:
+                    got = self._read_direct(entry, pos, dest[pos - offset : stop - offset])
+                    if got < stop - pos:
+                        return pos - offset + got, cached
+                    pos = stop
+                    continue
+                avail = block_start + block.length
+                n = min(stop, avail) - pos
+                if n <= 0:
+                    return pos - offset, cached
+                dest[pos - offset : pos - offset + n] = block.view[pos - block_start : pos - block_start + n]
+                if block.prefetched:
+                    cached += n
+                    if not block.used:
+                        block.used = True
+                        self.stats.add(m.BYTES_PREFETCH_USED, block.length)
+                elif ready:
+                    cached += n
+                block.used = True
+                if pos + n >= block_start + block.length:
+                    self.cache.consumed(block)
+                pos += n
+                if pos < stop:
+                    return pos - offset, cached
+            finally:
+                if pinned_here:
+                    self.cache.unpin(block)
+        return pos - offset, cached
+
+    def _timed_out(self, entry: FileEntry) -> None:
+        self.stats.add(m.TIMEOUTS)
+        self.stats.error("ETIMEDOUT")
+        raise OSError(errno.EIO, "source read timed out", entry.path)
+
+    def _read_direct(self, entry: FileEntry, pos: int, view: memoryview) -> int:
+        """Demand read of exactly ``view`` from the source (no caching), bounded by read_timeout."""
+        src = self._get_source(entry)
+        timeout = self.config.readahead.read_timeout
+        length = len(view)
+        if not timeout:
+            try:
+                n = self._timed_pread(src, pos, view, entry.path)
+            finally:
+                self._put_source(src)
+            self.stats.add(m.BYTES_FETCHED_DEMAND, n)
+            self.stats.file_bytes(entry.path, fetched=n, delivered=n)
+            return n
+        bounce = bytearray(length)
+        result: list = []
+        done = threading.Event()
+
+        def job() -> None:
+            try:
+                result.append(self._timed_pread(src, pos, memoryview(bounce), entry.path))
+            except OSError as e:
+                result.append(e)
+            finally:
+                self._put_source(src)
+                done.set()
+
+        self.pool.submit_demand(job)
+        if not done.wait(timeout):
+            self._timed_out(entry)
+        outcome = result[0]
+        if isinstance(outcome, OSError):
+            raise outcome
+        view[:outcome] = memoryview(bounce)[:outcome]
+        self.stats.add(m.BYTES_FETCHED_DEMAND, outcome)
+        self.stats.file_bytes(entry.path, fetched=outcome, delivered=outcome)
+        return outcome
+
+    def _timed_pread(self, src: SourceFile, pos: int, view: memoryview, path: str, aligned: bool = False) -> int:
+        t0 = time.perf_counter()
+        try:
+            n = src.read_into(pos, view, aligned)
+        except OSError as e:
+            self.stats.error(errno.errorcode.get(e.errno or errno.EIO, "EIO"))
+            raise OSError(e.errno or errno.EIO, e.strerror, path) from None
+        self.stats.pread(time.perf_counter() - t0)
+        return n
+
+    # == block fetches ==============================================================================
+    def _fetch_block(self, entry: FileEntry, index: int, demand: bool, keep_pin: bool = False) -> Block | None:
+        """Reserve block ``index`` and queue its fill. Returns the (pinned if keep_pin) block or None."""
+        start = index * self.block_size
+        length = min(self.block_size, entry.size - start)
+        if length <= 0:
+            return None
+        block, created = self.cache.reserve(entry.key, index, length, prefetched=not demand)
+        if block is None:
+            if not demand:
+                self.stats.add(m.BACKPRESSURE)
+            return None
+        if created:
+            try:
+                src = self._get_source(entry)
+            except OSError as e:
+                self.cache.fail(block, e.errno or errno.EIO)
+                if keep_pin:
+                    return block
+                self.cache.unpin(block)
+                return None
+            job = _FillJob(self, entry.path, src, block, start, length, demand)
+            if demand:
+                self.pool.submit_demand(job)
+            elif not self.pool.submit_prefetch(job):
+                self._put_source(src)
+                self.cache.fail(block, 0)
+                self.cache.unpin(block)
+                self.stats.add(m.BACKPRESSURE)
+                return None
+        if not keep_pin:
+            self.cache.unpin(block)
+        return block
+
+    def _prefetch(self, entry: FileEntry, ranges: list[tuple[int, int]]) -> tuple[int, bool]:
+        """Queue prefetch of the blocks covering ``ranges``; returns (end scheduled, complete)."""
+        bs = self.block_size
+        upto = 0
+        for start, stop in ranges:
+            for index in range(start // bs, (stop - 1) // bs + 1):
+                if self.cache.peek(entry.key, index) is None and self._fetch_block(entry, index, demand=False) is None:
+                    return upto, False
+                upto = min(stop, (index + 1) * bs)
+        return upto, True
+
+    def _fill(self, path: str, src: SourceFile, block: Block, start: int, length: int, demand: bool) -> None:
+        """Worker side of a block fetch."""
+        try:
+            want = min(block.capacity, round_up(length))
+            n = self._timed_pread(src, start, block.view[:want], path, aligned=True)
+        except OSError as e:
+            self.cache.fail(block, e.errno or errno.EIO)
+            return
+        finally:
+            self._put_source(src)
+        n = min(n, length)
+        self.stats.add(m.BYTES_FETCHED_DEMAND if demand else m.BYTES_FETCHED_PREFETCH, n)
+        self.stats.file_bytes(path, fetched=n)
+        self.cache.complete(block, n)
+
+    # == after open: formats, scans, learning =======================================================
+    def _after_open(self, path: str, entry: FileEntry) -> None:
+        ra = self.config.readahead
+        if not ra.enabled:
+            return
+        if ra.formats and not entry.probed and entry.size >= FORMAT_MIN_SIZE:
+            with entry.lock:
+                probe = not entry.probed
+                entry.probed = True
+            if probe and not self.pool.submit_prefetch(lambda: self._probe_format(entry)):
+                self.stats.add(m.BACKPRESSURE)
+        self._scan_open(path, entry.size)
+
+    def _probe_format(self, entry: FileEntry) -> None:
+        """Read the head (block 0, cached for the reader), parse it, queue the loader's ranges."""
+        if entry.handles == 0:
+            return
+        block = self._fetch_block(entry, 0, demand=True, keep_pin=True)
+        if block is None:
+            return
+        try:
+            if not block.done.wait(self.config.readahead.read_timeout or None) or block.state != READY:
+                return
+            head = bytes(block.view[: min(block.length, formats.HEAD_BYTES)])
+        finally:
+            self.cache.unpin(block)
+
+        def read_at(offset: int, length: int) -> bytes:
+            src = self._get_source(entry)
+            try:
+                buf = bytearray(max(0, min(length, entry.size - offset)))
+                n = self._timed_pread(src, offset, memoryview(buf), entry.path)
+                return bytes(buf[:n])
+            finally:
+                self._put_source(src)
+
+        try:
+            plan = formats.plan_for(head, entry.size, read_at)
+        except OSError:
+            return
+        if plan is None or not plan.ranges:
+            return
+        self.stats.add(m.FORMAT_PLANS)
+        with entry.lock:
+            entry.range_plan = RangePlan(tuple(plan.ranges), max(FORMAT_LEAD, 2 * self.config.readahead.max_window))
+            ranges = entry.range_plan.advance()
+        self._prefetch(entry, ranges)
+
+    def _dir_scan(self, dir_path: str) -> DirScan:
+        with self._dirs_lock:
+            ds = self._dirs.get(dir_path)
+            if ds is None:
+                ds = self._dirs[dir_path] = DirScan(ScanPolicy(self.config.readahead.scan_trigger))
+                if len(self._dirs) > MAX_DIRS:
+                    self._dirs.popitem(last=False)
+            else:
+                self._dirs.move_to_end(dir_path)
+            return ds
+
+    def _scan_open(self, path: str, size: int) -> None:
+        parts = split(path)
+        if not parts:
+            return
+        dir_path = "/" + "/".join(parts[:-1])
+        name = parts[-1]
+        ds = self._dir_scan(dir_path)
+        with ds.lock:
+            if ds.policy.epoch_over(name, ds.known):
+                ds.policy = ScanPolicy(self.config.readahead.scan_trigger)
+                ds.queue.clear()
+                ds.ahead = 0
+            start = ds.policy.on_open(name)
+            if ds.ahead > 0:
+                ds.ahead -= 1
+        learned = None
+        if self.learn is not None:
+            self.learn.note_plan_used(dir_path, name)
+            if self.learn.record_open(dir_path, name, size):
+                learned = self.learn.plan(dir_path)
+        if learned is not None:
+            with ds.lock:
+                replay = not ds.queue and not ds.inflight
+                if replay:
+                    ds.policy.active = True
+                    ds.queue.extend(n for n in learned.names if n not in ds.policy.opened)
+                    ds.known = max(ds.known, len(learned.names))
+            if replay:
+                self._pump(dir_path, ds)
+                return
+        if start:
+            self.stats.add(m.SCANS)
+            if not self.pool.submit_prefetch(lambda: self._start_scan(dir_path, ds)):
+                with ds.lock:
+                    ds.policy.active = False
+        elif ds.queue:
+            self._pump(dir_path, ds)
+
+    def _start_scan(self, dir_path: str, ds: DirScan) -> None:
+        try:
+            listing = self.source.listdir(dir_path)
+        except OSError:
+            return
+        with ds.lock:
+            ds.known = len(listing)
+            ds.queue.extend(ds.policy.plan(listing)[: self.config.readahead.scan_max_files])
+        self._pump(dir_path, ds)
+
+    def _pump(self, dir_path: str, ds: DirScan) -> None:
+        """Keep up to SCAN_PARALLEL fetches in flight and SCAN_LEAD_FILES fetched ahead."""
+        prefix = dir_path.rstrip("/") + "/"
+        while True:
+            with ds.lock:
+                if not ds.queue or ds.inflight >= SCAN_PARALLEL or ds.ahead >= SCAN_LEAD_FILES:
+                    return
+                name = ds.queue.popleft()
+                if name in ds.policy.opened:
+                    continue
+                ds.inflight += 1
+            path = prefix + name
+            if self._fresh_meta(path) is not None or not self.pool.submit_prefetch(
+                lambda path=path: self._scan_fetch(dir_path, ds, path)
+            ):
+                with ds.lock:
+                    ds.inflight -= 1
+                if self._fresh_meta(path) is None:
+                    with ds.lock:
+                        ds.queue.appendleft(name)
+                    self.stats.add(m.BACKPRESSURE)
+                    return
+
+    def _scan_fetch(self, dir_path: str, ds: DirScan, path: str) -> None:
+        """Worker: fetch one small file whole and remember its metadata."""
+        try:
+            if self._closed:
+                return
+            try:
+                src = self.source.open_file(path)
+            except OSError:
+                return
+            try:
+                if src.size > self.config.readahead.small_file_max:
+                    return
+                if src.size > 0:
+                    block, created = self.cache.reserve(src.key, 0, src.size, prefetched=True)
+                    if block is None:
+                        self.stats.add(m.BACKPRESSURE)
+                        with ds.lock:
+                            ds.queue.appendleft(path.rsplit("/", 1)[1])
+                        return
+                    try:
+                        if created:
+                            try:
+                                n = self._timed_pread(src, 0, block.view[: src.size], path)
+                            except OSError as e:
+                                self.cache.fail(block, e.errno or errno.EIO)
+                                return
+                            self.stats.add(m.BYTES_FETCHED_PREFETCH, n)
+                            self.stats.file_bytes(path, fetched=n)
+                            self.cache.complete(block, n)
+                    finally:
+                        self.cache.unpin(block)
+                self.stats.add(m.SCAN_FILES)
+                with self._lock:
+                    self._meta[path] = MetaEntry(src.st, src.key, time.monotonic())
+                    self._meta.move_to_end(path)
+                    if len(self._meta) > MAX_META:
+                        self._meta.popitem(last=False)
+                with ds.lock:
+                    ds.ahead += 1
+            finally:
+                src.close()
+        finally:
+            with ds.lock:
+                ds.inflight -= 1
+            self._pump(dir_path, ds)
+
+    # == open-less reads (fuse.no_open) =============================================================
+    def _implicit_entry(self, path: str | None) -> FileEntry | None:
+        if path is None:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            item = self._implicit.get(path)
+            if item is not None and now - item[1] <= self._trust_seconds():
+                self._implicit.move_to_end(path)
+                return item[0]
+        entry, _ = self._acquire_entry(path)
+        self._after_open(path, entry)
+        old = None
+        with self._lock:
+            fh = self._next_fh
+            self._next_fh += 1
+            self._handles[fh] = entry
+            previous = self._implicit.pop(path, None)
+            self._implicit[path] = (entry, now)
+            evicted = [previous] if previous is not None else []
+            while len(self._implicit) > MAX_IMPLICIT:
+                evicted.append(self._implicit.popitem(last=False)[1])
+            old = [fh2 for fh2, e in self._handles.items() if any(e is ev[0] for ev in evicted) and fh2 != fh]
+        for stale in old:
+            self.release(stale)
+        return entry
+
+    # == warm =======================================================================================
+    def warm(self, path: str) -> dict:
+        """Fetch a file or a tree into the cache now; returns counts (blocks until fetched)."""
+        t0 = time.monotonic()
+        st = self.source.lstat(path)
+        files = [path] if stat.S_ISREG(st.st_mode) else list(self._walk(path)) if stat.S_ISDIR(st.st_mode) else []
+        total_files = total_bytes = declined = 0
+        for file_path in files:
+            try:
+                entry, _ = self._acquire_entry(file_path)
+            except OSError:
+                continue
+            with self._lock:
+                fh = self._next_fh
+                self._next_fh += 1
+                self._handles[fh] = entry
+            try:
+                blocks = []
+                for index in range((entry.size + self.block_size - 1) // self.block_size):
+                    block = self._fetch_block(entry, index, demand=False, keep_pin=True)
+                    if block is None:
+                        declined += 1
+                        break
+                    blocks.append(block)
+                for block in blocks:
+                    block.done.wait(self.config.readahead.read_timeout or None)
+                    if block.state == READY:
+                        total_bytes += block.length
+                    self.cache.unpin(block)
+                total_files += 1
+            finally:
+                self.release(fh)
+        return {
+            "files": total_files,
+            "bytes": total_bytes,
+            "declined": declined,
+            "seconds": round(time.monotonic() - t0, 3),
+        }
+
+    def _walk(self, dir_path: str):
+        stack = [dir_path]
+        while stack:
+            current = stack.pop()
+            prefix = current.rstrip("/") + "/"
+            try:
+                names = sorted(self.source.listdir(current))
+            except OSError:
+                continue
+            for name in names:
+                child = prefix + name
+                try:
+                    st = self.source.lstat(child)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(child)
+                elif stat.S_ISREG(st.st_mode):
+                    yield child
+
+    # == learning ===================================================================================
+    def _start_learning(self) -> None:
+        try:
+            from fastfs.fsio.learn import AccessLog
+        except ImportError:  # pragma: no cover - module ships with the package
+            return
+        try:
+            self.learn = AccessLog(self.source.root, self.config, self.stats)
+            self.learn.load()
+        except Exception:
+            log.warning("learned access sets disabled: state directory unusable", exc_info=True)
+            self.learn = None
+            return
+        self._saver = threading.Thread(target=self._save_loop, name="fastfs-learn", daemon=True)
+        self._saver.start()
+
+    def _save_loop(self) -> None:
+        while not self._stop.wait(LEARN_SAVE_SECONDS):
+            self._save_learned()
+
+    def _save_learned(self) -> None:
+        if self.learn is not None and self.learn.dirty:
+            try:
+                self.learn.save()
+            except Exception:
+                log.warning("could not save learned access sets", exc_info=True)
+
+    # == control ====================================================================================
     def snapshot(self, top: int = 10) -> dict:
+        gauges = self.cache.gauges()
+        demand_q, prefetch_q = self.pool.queued()
+        with self._lock:
+            open_files = len(self._handles) - len(self._implicit)
+            entries = list(self._entries.values())
+        gauges.update(
+            open_files=open_files,
+            file_versions=len(entries),
+            streams=sum(len(e.policy.streams) for e in entries),
+            sequential_streams_active=sum(1 for e in entries for s in e.policy.streams if s.sequential),
+            active_scans=sum(1 for d in list(self._dirs.values()) if d.policy.active and (d.queue or d.inflight)),
+            queued_demand=demand_q,
+            queued_prefetch=prefetch_q,
+            pool_workers=self.pool.workers,
+        )
+        self.stats.gauges = gauges
         return self.stats.snapshot(top)
 
-    def close(self) -> None:
+    def reconfigure(self, config: Config) -> list[str]:
+        """Apply what can change live (budget, read-ahead limits); return keys needing a restart."""
+        old = self.config
+        restart = []
+        checks = {
+            "cache.block_size": (old.cache.block_size, config.cache.block_size),
+            "cache.workers": (old.cache.workers, config.cache.workers),
+            "readahead.source_direct_io": (old.readahead.source_direct_io, config.readahead.source_direct_io),
+            "state.dir": (old.state.dir, config.state.dir),
+            "stats.metrics": (old.stats.metrics, config.stats.metrics),
+            "source": (old.source, config.source),
+            "mountpoint": (old.mountpoint, config.mountpoint),
+        }
+        for name in (
+            "entry_timeout",
+            "attr_timeout",
+            "negative_timeout",
+            "read_ahead_kb",
+            "allow_other",
+            "no_open",
+            "threads",
+        ):
+            checks[f"fuse.{name}"] = (getattr(old.fuse, name), getattr(config.fuse, name))
+        restart = [key for key, (a, b) in checks.items() if a != b]
+        import dataclasses
+
+        live = dataclasses.replace(
+            old,
+            cache=dataclasses.replace(old.cache, budget=config.cache.budget),
+            readahead=dataclasses.replace(config.readahead, source_direct_io=old.readahead.source_direct_io),
+            log=config.log,
+            stats=dataclasses.replace(config.stats, metrics=old.stats.metrics),
+            state=dataclasses.replace(config.state, dir=old.state.dir),
+        )
+        self.config = live
+        self.cache.set_budget(config.cache.budget or default_budget())
         with self._lock:
-            handles = list(self._handles.values())
+            entries = list(self._entries.values())
+        for entry in entries:
+            with entry.lock:
+                entry.policy.set_windows(live.readahead.initial_window, live.readahead.max_window)
+        return restart
+
+    def close(self) -> None:
+        self._closed = True
+        self._stop.set()
+        self.pool.close()
+        self._save_learned()
+        with self._lock:
+            entries = list(self._entries.values())
+            self._entries.clear()
             self._handles.clear()
-        for f in handles:
-            f.close()
+            self._implicit.clear()
+        for entry in entries:
+            if entry.src is not None:
+                self._put_source(entry.src)
+                entry.src = None
+        self.cache.close()
         self.source.close()
+
+
+class _FillJob:
+    """A queued block fill (a plain object: cheaper than a closure per block)."""
+
+    __slots__ = ("engine", "path", "src", "block", "start", "length", "demand")
+
+    def __init__(
+        self, engine: Engine, path: str, src: SourceFile, block: Block, start: int, length: int, demand: bool
+    ) -> None:
+        self.engine, self.path, self.src, self.block = engine, path, src, block
+        self.start, self.length, self.demand = start, length, demand
+
+    def __call__(self) -> None:
+        self.engine._fill(self.path, self.src, self.block, self.start, self.length, self.demand)

@@ -20,6 +20,7 @@ import errno
 import os
 import stat
 import struct
+import threading
 
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine)
 RESOLVE_NO_SYMLINKS = 0x04
@@ -37,8 +38,9 @@ def _openat2(dirfd: int, rel: str, flags: int) -> int:
     how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
     buf = ctypes.create_string_buffer(how)
     path = os.fsencode(rel)
-    fd = _syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(path), buf,
-                  ctypes.c_size_t(len(how)))
+    fd = _syscall(
+        ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(path), buf, ctypes.c_size_t(len(how))
+    )
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), rel)
@@ -84,8 +86,7 @@ class Source:
                     if e.errno == errno.EXDEV:  # escaped the root: treat as absent
                         raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), rel) from None
                     if e.errno == errno.ELOOP:  # a symlink on the way
-                        raise OSError(errno.ENOENT if parts[:-1] else errno.ELOOP, os.strerror(e.errno), rel) \
-                            from None
+                        raise OSError(errno.ENOENT if parts[:-1] else errno.ELOOP, os.strerror(e.errno), rel) from None
                     raise
                 _openat2_works = False
         return self._open_walk(parts, flags)
@@ -198,16 +199,9 @@ class Source:
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
-                              "not a regular file", path)
+                raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL, "not a regular file", path)
             os.set_blocking(fd, True)
-            dfd = -1
-            if self.direct:
-                try:
-                    dfd = self.open_rel(parts, os.O_RDONLY | os.O_DIRECT)
-                except OSError:
-                    dfd = -1
-            return SourceFile(fd, dfd, st)
+            return SourceFile(fd, st, self if self.direct else None, parts)
         except BaseException:
             os.close(fd)
             raise
@@ -218,22 +212,65 @@ def stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+_SYS_CACHESTAT = {"x86_64": 451, "aarch64": 451}.get(os.uname().machine)
+# A file with at least this share of its pages in the source's page cache is read buffered:
+# O_DIRECT would go to the device for data RAM already holds.
+CACHED_SHARE = 0.5
+# Files smaller than this are never read with O_DIRECT (a second open costs more than it saves).
+DIRECT_MIN_SIZE = 1024 * 1024
+_direct_lock = threading.Lock()
+
+
+def cached_share(fd: int, size: int) -> float | None:
+    """Share of the file's pages in the page cache via cachestat(2) (Linux 6.5+); None if unknown."""
+    if _SYS_CACHESTAT is None or size <= 0:
+        return None
+    rng = ctypes.create_string_buffer(struct.pack("QQ", 0, 0))
+    out = ctypes.create_string_buffer(40)
+    rc = _syscall(ctypes.c_long(_SYS_CACHESTAT), ctypes.c_uint(fd), rng, out, ctypes.c_uint(0))
+    if rc != 0:
+        return None
+    nr_cache = struct.unpack_from("Q", out.raw)[0]
+    return min(1.0, nr_cache * 4096 / size)
+
+
 class SourceFile:
-    """An open source file: buffered descriptor plus an optional O_DIRECT one.
+    """An open source file: a buffered descriptor plus, opened on first need, an O_DIRECT one.
 
     Reference counted by the engine (shared between handles of the same version and in-flight
-    fetches); closed when the last user releases it. ``refs`` is guarded by the engine's lock.
+    fetches); closed when the last user releases it. ``refs`` is guarded by the engine's lock;
+    ``dfd`` is set once under ``_direct_lock``.
     """
 
-    __slots__ = ("fd", "dfd", "st", "key", "size", "refs")
+    __slots__ = ("fd", "dfd", "st", "key", "size", "refs", "_source", "_parts")
 
-    def __init__(self, fd: int, dfd: int, st: os.stat_result) -> None:
+    def __init__(self, fd: int, st: os.stat_result, source: Source | None, parts: list[str]) -> None:
         self.fd = fd
-        self.dfd = dfd
+        self.dfd: int | None = None if source is not None and st.st_size >= DIRECT_MIN_SIZE else -1
         self.st = st
         self.key = stat_key(st)
         self.size = st.st_size
         self.refs = 1
+        self._source = source
+        self._parts = parts
+
+    def _direct_fd(self) -> int:
+        if self.dfd is not None:
+            return self.dfd
+        with _direct_lock:
+            if self.dfd is None:
+                share = cached_share(self.fd, self.size)
+                dfd = -1
+                if share is None or share < CACHED_SHARE:
+                    try:
+                        dfd = self._source.open_rel(self._parts, os.O_RDONLY | os.O_DIRECT)
+                        if os.fstat(dfd).st_ino != self.st.st_ino:
+                            os.close(dfd)
+                            dfd = -1
+                    except OSError:
+                        dfd = -1
+                self.dfd = dfd
+        return self.dfd
 
     def read_into(self, offset: int, view: memoryview, aligned: bool = False) -> int:
         """Fill *view* from *offset* (loops over short reads, EINTR retried by Python); returns bytes read.
@@ -243,10 +280,11 @@ class SourceFile:
         """
         total = 0
         want = len(view)
-        if aligned and self.dfd >= 0 and offset % DIRECT_ALIGN == 0:
+        dfd = self._direct_fd() if aligned and offset % DIRECT_ALIGN == 0 and len(view) % DIRECT_ALIGN == 0 else -1
+        if dfd >= 0:
             try:
                 while total < want:
-                    n = os.preadv(self.dfd, [view[total:]], offset + total)
+                    n = os.preadv(dfd, [view[total:]], offset + total)
                     if n <= 0:
                         return total
                     total += n
@@ -255,8 +293,7 @@ class SourceFile:
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
-                os.close(self.dfd)
-                self.dfd = -1
+                total = 0  # odd filesystem: finish buffered (the descriptor is closed with the file)
         while total < want:
             n = os.preadv(self.fd, [view[total:]], offset + total)
             if n <= 0:
@@ -266,6 +303,6 @@ class SourceFile:
 
     def close(self) -> None:
         for fd in (self.fd, self.dfd):
-            if fd >= 0:
+            if fd is not None and fd >= 0:
                 os.close(fd)
         self.fd = self.dfd = -1

@@ -43,10 +43,28 @@ OPENS = "opens"
 TIMEOUTS = "read_timeouts"
 
 COUNTERS = (
-    BYTES_REQUESTED, BYTES_SERVED_CACHE, BYTES_FETCHED_DEMAND, BYTES_FETCHED_PREFETCH, BYTES_PREFETCH_USED,
-    BYTES_PREFETCH_WASTED, READ_REQUESTS, PREADS, PREAD_ERRORS, EVICTIONS, BACKPRESSURE, SEQ_STREAMS,
-    SEQ_RESETS, RANDOM_STREAMS, SCANS, SCAN_FILES, FORMAT_PLANS, MMAP_STREAMS, LEARNED_PLANS,
-    LEARNED_FILES_USED, OPENS, TIMEOUTS,
+    BYTES_REQUESTED,
+    BYTES_SERVED_CACHE,
+    BYTES_FETCHED_DEMAND,
+    BYTES_FETCHED_PREFETCH,
+    BYTES_PREFETCH_USED,
+    BYTES_PREFETCH_WASTED,
+    READ_REQUESTS,
+    PREADS,
+    PREAD_ERRORS,
+    EVICTIONS,
+    BACKPRESSURE,
+    SEQ_STREAMS,
+    SEQ_RESETS,
+    RANDOM_STREAMS,
+    SCANS,
+    SCAN_FILES,
+    FORMAT_PLANS,
+    MMAP_STREAMS,
+    LEARNED_PLANS,
+    LEARNED_FILES_USED,
+    OPENS,
+    TIMEOUTS,
 )
 
 # Upper bounds (bytes) of the request-size histogram: 4K pages, 128K default read-ahead, 1M FUSE max.
@@ -155,10 +173,11 @@ class Stats:
             "uptime_seconds": round(time.monotonic() - self._monotonic_start, 3),
             "started": self.started,
             "counters": {k: int(c[k]) for k in COUNTERS},
-            "request_sizes": dict(zip([str(b) for b in REQUEST_SIZE_BUCKETS] + ["+Inf"],
-                                      [int(c[k]) for k in _SIZE_KEYS])),
+            "request_sizes": dict(
+                zip([str(b) for b in REQUEST_SIZE_BUCKETS] + ["+Inf"], [int(c[k]) for k in _SIZE_KEYS], strict=False)
+            ),
             "pread_latency": {
-                "buckets": dict(zip([str(b) for b in LATENCY_BUCKETS] + ["+Inf"], lat_counts)),
+                "buckets": dict(zip([str(b) for b in LATENCY_BUCKETS] + ["+Inf"], lat_counts, strict=False)),
                 "sum_seconds": c["lat_sum"],
                 "count": int(c[PREADS]),
                 "p50": _quantile(lat_counts, 0.50),
@@ -187,7 +206,7 @@ def _quantile(counts: list[int], q: float) -> float | None:
         return None
     rank = q * total
     running = 0
-    for bound, n in zip(LATENCY_BUCKETS + (float("inf"),), counts):
+    for bound, n in zip(LATENCY_BUCKETS + (float("inf"),), counts, strict=False):
         running += n
         if running >= rank:
             return bound if bound != float("inf") else LATENCY_BUCKETS[-1]

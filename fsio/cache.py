@@ -1,0 +1,260 @@
+"""RAM block cache with a hard byte budget.
+
+Blocks are keyed by ``(file key, block index)``; the file key (device, inode, size, mtime, ctime)
+changes whenever the source file changes, so a changed source can never be served from cache.
+
+Budget: a block's capacity is charged when it is *reserved*, before any I/O, so cached plus
+in-flight bytes never exceed the budget. When a reservation does not fit, ready blocks are evicted:
+first those a sequential reader already consumed (drop-behind: the kernel's page cache holds them
+now), then the least recently used. Blocks being filled, and blocks pinned by a reader copying out
+of them, are never evicted. When nothing can be evicted the reservation fails: prefetch is declined
+(backpressure) and demand reads go straight to the source without caching.
+
+Buffers are anonymous ``mmap`` regions (page-aligned, so ``O_DIRECT`` preads can fill them) of the
+block size. Evicted buffers are kept on a free list, still charged to the budget, and reused: on
+this class of VM faulting in fresh anonymous memory costs more than the pread that fills it.
+
+Concurrency: ``_lock`` guards every table and counter of this class (``_blocks``, ``_consumed``,
+``_by_file``, ``_free``, ``reserved``) and the ``pins``/``state`` fields of blocks. It is never
+held across I/O or while waiting; a block's ``done`` event is set outside it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+
+from fastfs.fsio import stats as m
+
+PENDING, READY, FAILED = 0, 1, 2
+# Smallest buffer granule: page size, also the O_DIRECT alignment.
+PAGE = 4096
+
+
+def round_up(n: int, granule: int = PAGE) -> int:
+    return (n + granule - 1) // granule * granule
+
+
+class Block:
+    """One cached range of a file version. ``length`` valid bytes live at the start of ``buf``."""
+
+    __slots__ = ("key", "buf", "view", "capacity", "length", "state", "errno", "done", "prefetched", "used", "pins")
+
+    def __init__(self, key: tuple, buf: mmap.mmap | bytearray, capacity: int, prefetched: bool) -> None:
+        self.key = key
+        self.buf = buf
+        self.view = memoryview(buf)
+        self.capacity = capacity
+        self.length = 0
+        self.state = PENDING
+        self.errno = 0
+        self.done = threading.Event()
+        self.prefetched = prefetched
+        self.used = False
+        self.pins = 0
+
+
+class BlockCache:
+    """Budgeted block store shared by every file of a mount."""
+
+    def __init__(self, budget: int, block_size: int, stats: m.Stats) -> None:
+        self.budget = budget
+        self.block_size = block_size
+        self.stats = stats
+        self._lock = threading.Lock()
+        self._blocks: OrderedDict[tuple, Block] = OrderedDict()  # LRU order, oldest first
+        self._consumed: OrderedDict[tuple, None] = OrderedDict()  # drop-behind candidates
+        self._by_file: dict[Hashable, set[int]] = {}
+        self._free: list[mmap.mmap] = []  # block_size buffers kept for reuse (charged)
+        self.reserved = 0  # bytes charged: blocks (any state) + free buffers
+
+    # -- lookup -----------------------------------------------------------------------------
+    def get(self, file_key: Hashable, index: int) -> Block | None:
+        """The block if present (any state), refreshed in LRU order and pinned; call :meth:`unpin`."""
+        key = (file_key, index)
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is not None:
+                self._blocks.move_to_end(key)
+                block.pins += 1
+            return block
+
+    def peek(self, file_key: Hashable, index: int) -> Block | None:
+        """The block if present, without pinning or touching LRU order."""
+        return self._blocks.get((file_key, index))
+
+    def unpin(self, block: Block) -> None:
+        with self._lock:
+            block.pins -= 1
+
+    # -- reservation --------------------------------------------------------------------------
+    def reserve(self, file_key: Hashable, index: int, size: int, prefetched: bool) -> tuple[Block | None, bool]:
+        """Reserve a pending block of ``size`` bytes capacity.
+
+        Returns ``(block, created)``: an existing block (pinned, created False), a new pending
+        block (pinned, created True: the caller must fill it and call :meth:`complete`), or
+        ``(None, False)`` when the budget has no room even after eviction.
+        """
+        key = (file_key, index)
+        capacity = self.block_size if size > self.block_size // 2 else round_up(max(size, 1))
+        evicted: list[Block] = []
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is not None:
+                self._blocks.move_to_end(key)
+                block.pins += 1
+                return block, False
+            buf = None
+            if capacity == self.block_size and self._free:
+                buf = self._free.pop()  # already charged
+            else:
+                while self.reserved + capacity > self.budget:
+                    if self._free:
+                        self.reserved -= self.block_size
+                        self._free.pop().close()
+                        continue
+                    victim = self._victim()
+                    if victim is None:
+                        break
+                    evicted.append(victim)
+                    reuse = self._drop(victim, keep_buffer=capacity == self.block_size)
+                    if reuse is not None:
+                        buf = reuse
+                        break
+                if buf is None:
+                    if self.reserved + capacity > self.budget:
+                        self._account_evictions(evicted)
+                        return None, False
+                    self.reserved += capacity
+            block = Block(key, buf if buf is not None else _allocate(capacity), capacity, prefetched)
+            block.pins = 1
+            self._blocks[key] = block
+            self._by_file.setdefault(file_key, set()).add(index)
+        self._account_evictions(evicted)
+        return block, True
+
+    def _account_evictions(self, evicted: list[Block]) -> None:
+        for victim in evicted:
+            self.stats.add(m.EVICTIONS)
+            if victim.prefetched and not victim.used and victim.state == READY:
+                self.stats.add(m.BYTES_PREFETCH_WASTED, victim.length)
+
+    def _victim(self) -> Block | None:
+        for key in self._consumed:
+            block = self._blocks.get(key)
+            if block is not None and block.pins == 0 and block.state != PENDING:
+                return block
+        for block in self._blocks.values():
+            if block.pins == 0 and block.state != PENDING:
+                return block
+        return None
+
+    def _drop(self, block: Block, keep_buffer: bool) -> mmap.mmap | None:
+        """Remove a block (lock held). Returns its buffer when it can be reused by the caller."""
+        del self._blocks[block.key]
+        self._consumed.pop(block.key, None)
+        indexes = self._by_file.get(block.key[0])
+        if indexes is not None:
+            indexes.discard(block.key[1])
+            if not indexes:
+                del self._by_file[block.key[0]]
+        buf = block.buf
+        block.view.release()
+        if keep_buffer and block.capacity == self.block_size and isinstance(buf, mmap.mmap):
+            return buf
+        self.reserved -= block.capacity
+        if (
+            block.capacity == self.block_size
+            and isinstance(buf, mmap.mmap)
+            and self.reserved + self.block_size <= self.budget
+        ):
+            self._free.append(buf)
+            self.reserved += self.block_size
+        return None
+
+    # -- completion ---------------------------------------------------------------------------
+    def complete(self, block: Block, length: int) -> None:
+        """The block's fill finished with ``length`` valid bytes; wake waiters."""
+        block.length = length
+        block.state = READY
+        block.done.set()
+
+    def fail(self, block: Block, errno_value: int) -> None:
+        """The fill failed: the block leaves the cache (errors are never cached as data); waiters wake."""
+        with self._lock:
+            block.state = FAILED
+            block.errno = errno_value
+            if self._blocks.get(block.key) is block:
+                self._drop(block, keep_buffer=False)
+        block.done.set()
+
+    def consumed(self, block: Block) -> None:
+        """A sequential reader passed the end of this block: prefer it for eviction."""
+        with self._lock:
+            if block.key in self._blocks:
+                self._consumed[block.key] = None
+
+    # -- maintenance --------------------------------------------------------------------------
+    def invalidate_file(self, file_key: Hashable) -> int:
+        """Drop every unpinned, settled block of a file version; returns blocks dropped."""
+        dropped = 0
+        with self._lock:
+            for index in list(self._by_file.get(file_key, ())):
+                block = self._blocks.get((file_key, index))
+                if block is not None and block.pins == 0 and block.state != PENDING:
+                    if block.prefetched and not block.used and block.state == READY:
+                        self.stats.add(m.BYTES_PREFETCH_WASTED, block.length)
+                    self._drop(block, keep_buffer=False)
+                    dropped += 1
+        return dropped
+
+    def set_budget(self, budget: int) -> None:
+        """Change the budget (reload); evicts down to it where possible."""
+        evicted: list[Block] = []
+        with self._lock:
+            self.budget = budget
+            while self.reserved > self.budget:
+                if self._free:
+                    self.reserved -= self.block_size
+                    self._free.pop().close()
+                    continue
+                victim = self._victim()
+                if victim is None:
+                    break
+                evicted.append(victim)
+                self._drop(victim, keep_buffer=False)
+        self._account_evictions(evicted)
+
+    def has_room(self, size: int) -> bool:
+        """Cheap advisory check (no lock) used to skip planning when the budget is clearly full."""
+        return self.reserved + size <= self.budget or bool(self._consumed)
+
+    def gauges(self) -> dict[str, int]:
+        with self._lock:
+            pending = sum(1 for b in self._blocks.values() if b.state == PENDING)
+            cached = sum(b.length for b in self._blocks.values() if b.state == READY)
+            return {
+                "cache_bytes": self.reserved,
+                "cache_data_bytes": cached,
+                "cache_budget": self.budget,
+                "cache_blocks": len(self._blocks),
+                "inflight_blocks": pending,
+                "free_buffers": len(self._free),
+            }
+
+    def close(self) -> None:
+        with self._lock:
+            for buf in self._free:
+                buf.close()
+            self._free.clear()
+            self._blocks.clear()
+            self._consumed.clear()
+            self._by_file.clear()
+            self.reserved = 0
+
+
+def _allocate(capacity: int) -> mmap.mmap:
+    """A page-aligned anonymous buffer (O_DIRECT-capable)."""
+    return mmap.mmap(-1, capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

@@ -1,0 +1,245 @@
+"""Pure read-ahead policy: events in, plans out.
+
+Nothing here does I/O, reads a clock or starts a thread, so every decision is testable with
+tables and property tests. The engine feeds each read request of an open file version into its
+:class:`StreamPolicy` and each open into the mount's :class:`ScanPolicy`, then carries out the
+returned plan (subject to the cache budget) and reports back with :meth:`StreamPolicy.scheduled`.
+
+Streams. One file may be read by several streams at once (two processes, or one handle
+interleaving regions). A read continues a stream when it starts within ``slack`` of the stream's
+expected next offset; ``slack`` tolerates the kernel's own reordering of concurrent read-ahead
+requests (several FUSE threads deliver 1 MiB requests out of order). A stream is sequential after
+:data:`SEQ_MIN_HITS` continuing reads, or at once when it starts at offset 0 (the common "load the
+whole file" case; the kernel makes the same bet). Its prefetch window starts at
+``initial_window`` and doubles, up to ``max_window``, each time the previous plan was scheduled
+whole; a plan cut short by backpressure keeps the window. A read that continues no stream starts a
+new one, replacing the least recently used; losing a sequential stream that way is a reset.
+Streams that are not sequential never prefetch: their reads are served exactly as asked.
+
+Plans along ranges (:class:`RangePlan`) serve format-aware prefetch: the ranges a loader will
+read, in order, released ``lead`` bytes ahead of the furthest read, which also covers
+mmap-shaped loads whose page faults arrive out of order within those ranges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Continuing reads before a stream counts as sequential (two could be coincidence, three is a pattern).
+SEQ_MIN_HITS = 3
+# Out-of-order tolerance in units of the stream's request size (kernel read-ahead from 10 FUSE threads).
+REORDER_REQUESTS = 16
+# Cap on the tolerance so a slack computed from huge requests does not swallow real seeks.
+MAX_SLACK = 16 * 1024 * 1024
+# Streams tracked per file version (several processes or regions read one file at once).
+MAX_STREAMS = 8
+# A read within this distance ahead of a stream's prefetched end triggers the next plan
+# (asynchronous read-ahead, like the kernel's PG_readahead mark), as a fraction of the window.
+TRIGGER_FRACTION = 0.5
+
+
+@dataclass
+class Stream:
+    """One sequential candidate inside a file."""
+
+    ident: int
+    next_offset: int
+    request_size: int
+    hits: int = 0
+    sequential: bool = False
+    window: int = 0
+    prefetched_to: int = 0
+    last_use: int = 0
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What to do for one read: which stream it joined and which byte ranges to prefetch."""
+
+    stream: int
+    sequential: bool
+    prefetch: tuple[tuple[int, int], ...] = ()
+    started: bool = False
+    """This read made the stream sequential (count a new sequential stream)."""
+    reset: bool = False
+    """A sequential stream was dropped to make room (count a reset)."""
+    new_random: bool = False
+    """A stream was created that is not (yet) sequential."""
+
+
+@dataclass
+class StreamPolicy:
+    """Sequential detection and prefetch windows of one file version (not thread-safe: the engine
+    calls it under the file's lock)."""
+
+    file_size: int
+    initial_window: int
+    max_window: int
+    streams: list[Stream] = field(default_factory=list)
+    _clock: int = 0
+    _next_id: int = 1
+
+    def on_read(self, offset: int, size: int) -> ReadPlan:
+        """Feed one read of ``size`` bytes at ``offset``; returns the plan."""
+        self._clock += 1
+        end = min(offset + size, self.file_size)
+        stream = self._match(offset)
+        started = reset = new_random = False
+        if stream is None:
+            stream, reset = self._new_stream(offset, size)
+            if offset == 0:
+                stream.sequential = True
+                stream.hits = SEQ_MIN_HITS
+                started = True
+            else:
+                new_random = True
+        else:
+            stream.hits += 1
+            stream.request_size = max(stream.request_size, size)
+            if not stream.sequential and stream.hits >= SEQ_MIN_HITS:
+                stream.sequential = True
+                started = True
+        stream.last_use = self._clock
+        stream.next_offset = max(stream.next_offset, end)
+        prefetch: tuple[tuple[int, int], ...] = ()
+        if stream.sequential:
+            if stream.window == 0:
+                stream.window = self.initial_window
+            stream.prefetched_to = max(stream.prefetched_to, offset)
+            ahead = stream.prefetched_to - end
+            if ahead < stream.window * TRIGGER_FRACTION and stream.prefetched_to < self.file_size:
+                start = max(stream.prefetched_to, offset)
+                stop = min(self.file_size, end + stream.window)
+                if stop > start:
+                    prefetch = ((start, stop),)
+        return ReadPlan(stream.ident, stream.sequential, prefetch, started, reset, new_random)
+
+    def scheduled(self, stream_id: int, upto: int, complete: bool) -> None:
+        """The engine scheduled the plan up to ``upto``; ``complete`` when nothing was declined."""
+        for s in self.streams:
+            if s.ident == stream_id:
+                s.prefetched_to = max(s.prefetched_to, upto)
+                if complete:
+                    s.window = min(self.max_window, max(s.window * 2, self.initial_window))
+                return
+
+    def set_windows(self, initial_window: int, max_window: int) -> None:
+        """Apply new limits (reload); current windows are clipped."""
+        self.initial_window, self.max_window = initial_window, max_window
+        for s in self.streams:
+            s.window = min(s.window, max_window)
+
+    def _match(self, offset: int) -> Stream | None:
+        best = None
+        for s in self.streams:
+            slack = min(MAX_SLACK, REORDER_REQUESTS * max(s.request_size, 4096))
+            if s.next_offset - slack <= offset <= s.next_offset + slack and (
+                best is None or abs(offset - s.next_offset) < abs(offset - best.next_offset)
+            ):
+                best = s
+        return best
+
+    def _new_stream(self, offset: int, size: int) -> tuple[Stream, bool]:
+        reset = False
+        if len(self.streams) >= MAX_STREAMS:
+            victim = min(self.streams, key=lambda s: s.last_use)
+            reset = victim.sequential
+            self.streams.remove(victim)
+        stream = Stream(self._next_id, offset, size, hits=1)
+        self._next_id += 1
+        self.streams.append(stream)
+        return stream, reset
+
+
+@dataclass
+class RangePlan:
+    """Ranges a loader will read, in order, released ``lead`` bytes ahead of the furthest read.
+
+    Not thread-safe; the engine calls it under the file's lock.
+    """
+
+    ranges: tuple[tuple[int, int], ...]
+    """(offset, length) in the order the loader reads them."""
+    lead: int
+    _released: int = 0  # bytes of the ranges (in plan order) already released
+    _cursor: int = 0  # bytes of the ranges (in plan order) the reader has passed
+
+    @property
+    def total(self) -> int:
+        return sum(length for _, length in self.ranges)
+
+    def advance(self, offset: int = -1, end: int = 0) -> list[tuple[int, int]]:
+        """A read of [offset, end) happened (offset -1: the initial call); returns newly due (start, stop)."""
+        if offset >= 0:
+            pos = 0
+            for start, length in self.ranges:
+                if start <= offset < start + length:
+                    self._cursor = max(self._cursor, pos + min(end, start + length) - start)
+                    break
+                pos += length
+            else:
+                return []
+        target = self._cursor + self.lead
+        out: list[tuple[int, int]] = []
+        pos = 0
+        for start, length in self.ranges:
+            lo, hi = max(pos, self._released), min(pos + length, target)
+            if hi > lo:
+                out.append((start + lo - pos, start + hi - pos))
+            pos += length
+            if pos >= target:
+                break
+        self._released = max(self._released, min(target, pos))
+        return out
+
+    def contains(self, offset: int) -> bool:
+        return any(start <= offset < start + length for start, length in self.ranges)
+
+
+@dataclass
+class ScanPolicy:
+    """Detects a many-small-file scan of one directory from the order of opens.
+
+    ``on_open`` records an open and says whether it starts a scan (``trigger`` distinct files
+    opened). ``plan`` orders the names to prefetch: for a sorted scan the names after the last one
+    opened first, then the rest; for a shuffled scan (a sampler's order) every name not read yet.
+    ``epoch_over`` tells when a re-open of an already read name means a new pass has begun.
+    Not thread-safe; the engine calls it under the directory's lock.
+    """
+
+    trigger: int
+    opened: set[str] = field(default_factory=set)
+    order: list[str] = field(default_factory=list)
+    active: bool = False
+
+    def on_open(self, name: str) -> bool:
+        """Record an open; True when this open starts a scan."""
+        if name in self.opened:
+            return False
+        self.opened.add(name)
+        if len(self.order) < MAX_ORDER:
+            self.order.append(name)
+        if self.active or len(self.opened) < self.trigger:
+            return False
+        self.active = True
+        return True
+
+    def is_sorted(self) -> bool:
+        return self.order == sorted(self.order)
+
+    def plan(self, listing: list[str]) -> list[str]:
+        names = sorted(n for n in listing if n not in self.opened)
+        if self.order and self.is_sorted():
+            last = self.order[-1]
+            return [n for n in names if n > last] + [n for n in names if n <= last]
+        return names
+
+    def epoch_over(self, name: str, known: int) -> bool:
+        """A re-open of ``name`` after most of the ``known`` files were read: a new pass began."""
+        return name in self.opened and known > 0 and len(self.opened) >= EPOCH_FRACTION * known
+
+
+# Opens remembered per directory for the sorted/shuffled decision (bounds memory on huge directories).
+MAX_ORDER = 4096
+# Share of a directory read before a re-open counts as the start of the next epoch.
+EPOCH_FRACTION = 0.5
