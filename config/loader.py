@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
+
 from fastfs.config.schema import Config, ConfigValueError
 
 DEFAULT_PATH = "/etc/fastfs/fastfs.yaml"

@@ -1,0 +1,393 @@
+"""The engine and its cache without FUSE: bytes, budget, backpressure, errors, scans, formats."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fastfs.config import load_config
+from fastfs.fsio import stats as m
+from fastfs.fsio.cache import READY, BlockCache
+from fastfs.fsio.engine import Engine
+
+MIB = 1024 * 1024
+
+
+def make_engine(src, tmp_path, **overrides) -> Engine:
+    opts = {"cache.budget": "32M", "cache.block_size": "1M", "state.dir": str(tmp_path / "state")}
+    opts.update(overrides)
+    return Engine(str(src), load_config(overrides=opts, use_default_path=False))
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    (src / "big").write_bytes(rng.bytes(20 * MIB + 4097))
+    (src / "empty").write_bytes(b"")
+    small = src / "small"
+    small.mkdir()
+    for i in range(40):
+        (small / f"f{i:03d}").write_bytes(rng.bytes(3073))
+    return src
+
+
+def read_all(engine: Engine, fh: int, size: int, chunk: int) -> bytes:
+    out = bytearray()
+    buf = bytearray(chunk)
+    while True:
+        n = engine.read_into(fh, len(out), memoryview(buf))
+        if n == 0:
+            return bytes(out)
+        out += buf[:n]
+        assert len(out) <= size
+
+
+@pytest.mark.parametrize("chunk", [4096, 131072, MIB, 3 * MIB + 7])
+def test_sequential_read_is_byte_exact_and_prefetches(data_dir, tmp_path, chunk):
+    engine = make_engine(data_dir, tmp_path)
+    try:
+        expected = (data_dir / "big").read_bytes()
+        r = engine.open("/big")
+        assert read_all(engine, r.fh, len(expected), chunk) == expected
+        engine.release(r.fh)
+        c = engine.snapshot()["counters"]
+        assert c[m.BYTES_FETCHED_PREFETCH] > 0
+        assert c[m.BYTES_FETCHED_DEMAND] + c[m.BYTES_FETCHED_PREFETCH] >= len(expected)
+        assert c[m.BYTES_REQUESTED] >= len(expected)
+        assert c[m.SEQ_STREAMS] >= 1
+    finally:
+        engine.close()
+
+
+def test_random_4k_reads_have_low_amplification(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path, **{"readahead.formats": "false"})
+    try:
+        expected = (data_dir / "big").read_bytes()
+        r = engine.open("/big")
+        rng = random.Random(3)
+        for _ in range(300):
+            off = rng.randrange(1, len(expected) // 4096) * 4096
+            assert engine.read(r.fh, off, 4096) == expected[off : off + 4096]
+        c = engine.snapshot()["counters"]
+        fetched = c[m.BYTES_FETCHED_DEMAND] + c[m.BYTES_FETCHED_PREFETCH]
+        assert fetched / c[m.BYTES_REQUESTED] <= 1.5
+        engine.release(r.fh)
+    finally:
+        engine.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(-10, 21 * MIB), st.integers(0, 3 * MIB)), min_size=1, max_size=40))
+def test_random_traces_return_source_bytes_and_respect_budget(data_dir, tmp_path, trace):
+    engine = make_engine(data_dir, tmp_path, **{"cache.budget": "16M"})
+    expected = (data_dir / "big").read_bytes()
+    try:
+        r = engine.open("/big")
+        for offset, size in trace:
+            if offset < 0:
+                with pytest.raises(OSError) as e:
+                    engine.read(r.fh, offset, size)
+                assert e.value.errno == errno.EINVAL
+                continue
+            assert engine.read(r.fh, offset, size) == expected[offset : offset + size]
+            assert engine.cache.reserved <= engine.cache.budget
+        engine.release(r.fh)
+    finally:
+        engine.close()
+
+
+def test_concurrent_readers_threads(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path)
+    expected = (data_dir / "big").read_bytes()
+    errors = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        r = engine.open("/big")
+        try:
+            if seed % 2:
+                assert read_all(engine, r.fh, len(expected), MIB) == expected
+            else:
+                for _ in range(100):
+                    off = rng.randrange(len(expected))
+                    n = rng.randrange(1, 200000)
+                    assert engine.read(r.fh, off, n) == expected[off : off + n]
+        except Exception as e:  # collected and asserted below
+            errors.append(e)
+        finally:
+            engine.release(r.fh)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    try:
+        assert not errors
+        g = engine.snapshot()["gauges"]
+        assert g["open_files"] == 0
+        assert g["cache_bytes"] <= g["cache_budget"]
+    finally:
+        engine.close()
+
+
+def test_budget_full_declines_prefetch_but_demand_reads_go(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path, **{"cache.budget": "16M"})
+    try:
+        # pin every buffer the budget allows so nothing can be evicted
+        pinned = []
+        for i in range(16):
+            block, created = engine.cache.reserve(("x",), i, MIB, prefetched=True)
+            assert block is not None and created
+            pinned.append(block)
+        assert engine.cache.reserve(("x",), 99, MIB, prefetched=True) == (None, False)
+        expected = (data_dir / "big").read_bytes()
+        r = engine.open("/big")
+        assert read_all(engine, r.fh, len(expected), MIB) == expected
+        c = engine.snapshot()["counters"]
+        assert c[m.BACKPRESSURE] > 0
+        assert engine.cache.reserved <= engine.cache.budget
+        engine.release(r.fh)
+        for b in pinned:
+            engine.cache.complete(b, MIB)
+            engine.cache.unpin(b)
+    finally:
+        engine.close()
+
+
+def test_cache_eviction_prefers_consumed_blocks_and_counts_waste():
+    stats = m.Stats()
+    cache = BlockCache(4 * MIB, MIB, stats)
+    blocks = []
+    for i in range(4):
+        b, _ = cache.reserve(("f",), i, MIB, prefetched=True)
+        cache.complete(b, MIB)
+        cache.unpin(b)
+        blocks.append(b)
+    cache.consumed(blocks[2])
+    blocks[2].used = True
+    nb, created = cache.reserve(("f",), 10, MIB, prefetched=True)
+    assert created
+    assert cache.peek(("f",), 2) is None and cache.peek(("f",), 0) is not None
+    cache.complete(nb, MIB)
+    cache.unpin(nb)
+    nb, _ = cache.reserve(("f",), 11, MIB, prefetched=True)  # evicts LRU block 0, never used: waste
+    assert cache.peek(("f",), 0) is None
+    assert stats.counters()[m.BYTES_PREFETCH_WASTED] == MIB
+    assert cache.reserved <= cache.budget
+
+
+def test_pending_and_pinned_blocks_are_never_evicted():
+    cache = BlockCache(2 * MIB, MIB, m.Stats())
+    a, _ = cache.reserve(("f",), 0, MIB, prefetched=False)  # pending, pinned
+    b, _ = cache.reserve(("f",), 1, MIB, prefetched=False)
+    cache.complete(b, MIB)  # ready but pinned
+    assert cache.reserve(("f",), 2, MIB, prefetched=True) == (None, False)
+    cache.unpin(b)
+    c, created = cache.reserve(("f",), 2, MIB, prefetched=True)
+    assert created and cache.peek(("f",), 1) is None and cache.peek(("f",), 0) is a
+
+
+def test_in_flight_fetch_is_shared(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path)
+    try:
+        r = engine.open("/big")
+        entry = engine._handles[r.fh]
+        b1 = engine._fetch_block(entry, 5, demand=True, keep_pin=True)
+        b2 = engine._fetch_block(entry, 5, demand=False, keep_pin=True)
+        assert b1 is b2
+        assert b1.done.wait(30) and b1.state == READY
+        engine.cache.unpin(b1)
+        engine.cache.unpin(b2)
+        assert engine.snapshot()["counters"][m.PREADS] == 1
+        engine.release(r.fh)
+    finally:
+        engine.close()
+
+
+def test_changed_source_is_never_served_from_cache(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path)
+    path = data_dir / "big"
+    try:
+        r = engine.open("/big")
+        first = read_all(engine, r.fh, path.stat().st_size, MIB)
+        engine.release(r.fh)
+        new = os.urandom(3 * MIB)
+        tmp = data_dir / "big.new"
+        tmp.write_bytes(new)
+        os.replace(tmp, path)
+        r2 = engine.open("/big")
+        assert not r2.keep_cache
+        assert read_all(engine, r2.fh, len(new), MIB) == new != first[: len(new)]
+        engine.release(r2.fh)
+        r3 = engine.open("/big")
+        assert r3.keep_cache
+        engine.release(r3.fh)
+    finally:
+        engine.close()
+
+
+def test_source_error_is_reported_and_not_cached(data_dir, tmp_path, monkeypatch):
+    engine = make_engine(data_dir, tmp_path)
+    try:
+        r = engine.open("/big")
+        src = engine._handles[r.fh].src
+        real = type(src).read_into
+        fail = {"on": True}
+
+        def flaky(self, offset, view, aligned=False):
+            if fail["on"]:
+                raise OSError(errno.EIO, "injected")
+            return real(self, offset, view, aligned)
+
+        monkeypatch.setattr(type(src), "read_into", flaky)
+        with pytest.raises(OSError) as e:
+            engine.read(r.fh, 0, MIB)
+        assert e.value.errno == errno.EIO
+        assert engine.snapshot()["errors"].get("EIO", 0) >= 1
+        fail["on"] = False
+        expected = (data_dir / "big").read_bytes()
+        assert engine.read(r.fh, 0, MIB) == expected[:MIB]
+        engine.release(r.fh)
+    finally:
+        engine.close()
+
+
+def test_hung_source_read_times_out(data_dir, tmp_path, monkeypatch):
+    engine = make_engine(data_dir, tmp_path, **{"readahead.read_timeout": "1", "readahead.enabled": "false"})
+    release = threading.Event()
+    try:
+        r = engine.open("/big")
+        src = engine._handles[r.fh].src
+
+        def hang(self, offset, view, aligned=False):
+            release.wait(30)
+            raise OSError(errno.EIO, "gone")
+
+        monkeypatch.setattr(type(src), "read_into", hang)
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as e:
+            engine.read(r.fh, 4096, 4096)
+        assert e.value.errno == errno.EIO
+        assert time.monotonic() - t0 < 20
+        assert engine.snapshot()["counters"][m.TIMEOUTS] == 1
+    finally:
+        release.set()
+        engine.release(r.fh)
+        engine.close()
+
+
+def test_small_file_scan_prefetches_directory_and_serves_opens(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path)
+    try:
+        names = sorted(os.listdir(data_dir / "small"))
+        for name in names[:3]:
+            r = engine.open(f"/small/{name}")
+            engine.release(r.fh)
+        deadline = time.monotonic() + 30
+        while engine.snapshot()["counters"][m.SCAN_FILES] < len(names) - 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        c = engine.snapshot()["counters"]
+        assert c[m.SCANS] == 1 and c[m.SCAN_FILES] == len(names) - 3
+        for name in names[3:]:
+            expected = (data_dir / "small" / name).read_bytes()
+            assert engine.lstat(f"/small/{name}").st_size == len(expected)
+            r = engine.open(f"/small/{name}")
+            assert engine.read(r.fh, 0, 65536) == expected
+            engine.release(r.fh)
+        c = engine.snapshot()["counters"]
+        assert c[m.BYTES_SERVED_CACHE] >= (len(names) - 3) * 3073
+    finally:
+        engine.close()
+
+
+def test_npy_format_plan_prefetches_payload(data_dir, tmp_path):
+    arr = np.arange(6 * MIB // 8, dtype=np.float64)
+    np.save(data_dir / "a.npy", arr)
+    engine = make_engine(data_dir, tmp_path)
+    try:
+        r = engine.open("/a.npy")
+        deadline = time.monotonic() + 30
+        while engine.snapshot()["counters"][m.FORMAT_PLANS] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.snapshot()["counters"][m.FORMAT_PLANS] == 1
+        expected = (data_dir / "a.npy").read_bytes()
+        assert read_all(engine, r.fh, len(expected), MIB) == expected
+        engine.release(r.fh)
+    finally:
+        engine.close()
+
+
+def test_reconfigure_changes_budget_and_reports_restart_keys(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path)
+    try:
+        new = load_config(
+            overrides={
+                "cache.budget": "20M",
+                "cache.block_size": "1M",
+                "cache.workers": "4",
+                "state.dir": str(tmp_path / "state"),
+            },
+            use_default_path=False,
+        )
+        restart = engine.reconfigure(new)
+        assert engine.snapshot()["gauges"]["cache_budget"] == 20 * MIB
+        assert restart == ["cache.workers"]
+    finally:
+        engine.close()
+
+
+def test_no_open_reads_by_path(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path)
+    try:
+        expected = (data_dir / "big").read_bytes()
+        buf = bytearray(MIB)
+        n = engine.read_into(0, 5 * MIB, memoryview(buf), path="/big")
+        assert n == MIB and bytes(buf) == expected[5 * MIB : 6 * MIB]
+        with pytest.raises(OSError):
+            engine.read_into(0, 0, memoryview(buf), path="/nope")
+    finally:
+        engine.close()
+
+
+def test_write_flags_and_bad_handles(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path)
+    try:
+        for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC, os.O_APPEND):
+            with pytest.raises(OSError) as e:
+                engine.open("/big", flags)
+            assert e.value.errno == errno.EROFS
+        with pytest.raises(OSError) as e:
+            engine.read(12345, 0, 10)
+        assert e.value.errno == errno.EBADF
+        r = engine.open("/empty")
+        assert engine.read(r.fh, 0, 100) == b""
+        assert engine.read(r.fh, 10**15, 100) == b""
+        engine.release(r.fh)
+        with pytest.raises(OSError):
+            engine.open("/../etc/passwd")
+    finally:
+        engine.close()
+
+
+def test_warm_fetches_tree(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path, **{"cache.budget": "64M"})
+    try:
+        result = engine.warm("/small")
+        assert result["files"] == 40 and result["bytes"] == 40 * 3073
+        r = engine.open("/small/f000")
+        assert engine.read(r.fh, 0, 4096) == (data_dir / "small" / "f000").read_bytes()
+        engine.release(r.fh)
+        assert engine.snapshot()["counters"][m.BYTES_SERVED_CACHE] == 3073
+    finally:
+        engine.close()

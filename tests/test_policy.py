@@ -1,0 +1,172 @@
+"""Pure policy: tables and properties, no I/O, no FUSE."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastfs.fsio.policy import MAX_STREAMS, SEQ_MIN_HITS, RangePlan, ScanPolicy, StreamPolicy
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
+def policy(size: int = GIB) -> StreamPolicy:
+    return StreamPolicy(size, initial_window=8 * MIB, max_window=64 * MIB)
+
+
+def test_read_from_zero_is_sequential_and_prefetches_initial_window():
+    p = policy()
+    plan = p.on_read(0, MIB)
+    assert plan.sequential and plan.started
+    assert plan.prefetch == ((0, MIB + 8 * MIB),)
+
+
+def test_window_doubles_when_scheduled_whole_up_to_cap():
+    p = policy()
+    windows = []
+    offset = 0
+    for _ in range(400):
+        plan = p.on_read(offset, MIB)
+        if plan.prefetch:
+            start, stop = plan.prefetch[0]
+            windows.append(stop - (offset + MIB))
+            p.scheduled(plan.stream, stop, complete=True)
+        offset += MIB
+    assert windows[0] == 8 * MIB
+    assert max(windows) == 64 * MIB
+    assert windows == sorted(windows)
+
+
+def test_window_does_not_grow_under_backpressure():
+    p = policy()
+    plan = p.on_read(0, MIB)
+    p.scheduled(plan.stream, 4 * MIB, complete=False)
+    assert p.streams[0].window == 8 * MIB
+
+
+def test_middle_of_file_needs_several_hits():
+    p = policy()
+    base = 100 * MIB
+    plans = [p.on_read(base + i * 128 * 1024, 128 * 1024) for i in range(SEQ_MIN_HITS)]
+    assert not plans[0].sequential and plans[0].new_random
+    assert all(not pl.prefetch for pl in plans[:-1])
+    assert plans[-1].sequential and plans[-1].started and plans[-1].prefetch
+
+
+def test_reordered_kernel_requests_stay_one_sequential_stream():
+    p = policy()
+    rng = random.Random(7)
+    order = []
+    for chunk in range(0, 256, 8):
+        group = list(range(chunk, chunk + 8))
+        rng.shuffle(group)
+        order += group
+    for i in order:
+        p.on_read(i * MIB, MIB)
+    assert len(p.streams) == 1 and p.streams[0].sequential
+
+
+def test_seek_starts_new_stream_and_random_reads_never_prefetch():
+    p = policy()
+    p.on_read(0, MIB)
+    rng = random.Random(1)
+    for _ in range(200):
+        plan = p.on_read(rng.randrange(GIB // 4096) * 4096, 4096)
+        if not plan.sequential:
+            assert plan.prefetch == ()
+    assert len(p.streams) <= MAX_STREAMS
+
+
+def test_two_interleaved_streams_are_both_sequential():
+    p = policy()
+    for i in range(10):
+        p.on_read(i * MIB, MIB)
+        p.on_read(512 * MIB + i * MIB, MIB)
+    assert sum(s.sequential for s in p.streams) == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, GIB), st.integers(1, 4 * MIB)), min_size=1, max_size=200))
+def test_plans_stay_within_file_and_window_cap(reads):
+    p = policy(GIB)
+    for offset, size in reads:
+        plan = p.on_read(offset, size)
+        for start, stop in plan.prefetch:
+            assert 0 <= start < stop <= GIB
+            assert stop - min(offset + size, GIB) <= 64 * MIB
+        if plan.prefetch:
+            p.scheduled(plan.stream, plan.prefetch[-1][1], complete=True)
+        assert all(s.window <= 64 * MIB for s in p.streams)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, GIB // 4096 - 1), min_size=1, max_size=300))
+def test_random_page_reads_never_prefetch(pages):
+    """Reads at random non-zero pages far apart: no stream ever becomes sequential."""
+    p = policy(GIB)
+    pages = sorted(set(pages), key=lambda x: (x * 2654435761) % 2**32)
+    last = None
+    for page in pages:
+        if last is not None and abs(page - last) < 64:
+            continue
+        plan = p.on_read(page * 4096, 4096)
+        last = page
+        if not plan.sequential:
+            assert plan.prefetch == ()
+
+
+def test_range_plan_releases_lead_ahead_of_reader():
+    plan = RangePlan(((100, 50 * MIB), (60 * MIB, 50 * MIB)), lead=16 * MIB)
+    first = plan.advance()
+    assert first == [(100, 100 + 16 * MIB)]
+    more = plan.advance(100 + 10 * MIB, 100 + 11 * MIB)
+    assert more == [(100 + 16 * MIB, 100 + 27 * MIB)]
+    assert plan.advance(5, 6) == []  # outside the ranges
+    everything = plan.advance(60 * MIB + 49 * MIB, 60 * MIB + 50 * MIB)
+    assert everything[-1][1] == 110 * MIB
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 10**9), st.integers(1, 10**8)), min_size=1, max_size=8),
+    st.integers(1, 10**8),
+    st.lists(st.integers(0, 2 * 10**9), max_size=50),
+)
+def test_range_plan_never_releases_twice_or_outside(ranges, lead, reads):
+    plan = RangePlan(tuple(ranges), lead)
+    released = list(plan.advance())
+    for r in reads:
+        released += plan.advance(r, r + 4096)
+    total = sum(stop - start for start, stop in released)
+    assert total <= plan.total
+    for start, stop in released:
+        assert any(s <= start and stop <= s + n for s, n in ranges)
+
+
+def test_scan_policy_sorted_order_plans_next_names_first():
+    sp = ScanPolicy(trigger=3)
+    names = [f"f{i:04d}" for i in range(20)]
+    assert not sp.on_open("f0005")
+    assert not sp.on_open("f0006")
+    assert sp.on_open("f0007")
+    plan = sp.plan(names)
+    assert plan[:3] == ["f0008", "f0009", "f0010"]
+    assert set(plan) == set(names) - {"f0005", "f0006", "f0007"}
+
+
+def test_scan_policy_shuffled_plans_all_unread():
+    sp = ScanPolicy(trigger=3)
+    for n in ("f9", "f2", "f5"):
+        sp.on_open(n)
+    assert sp.plan([f"f{i}" for i in range(10)]) == ["f0", "f1", "f3", "f4", "f6", "f7", "f8"]
+
+
+def test_scan_policy_epoch():
+    sp = ScanPolicy(trigger=3)
+    for i in range(10):
+        sp.on_open(f"n{i}")
+    assert sp.epoch_over("n3", known=12)
+    assert not sp.epoch_over("new", known=12)
+    assert not ScanPolicy(trigger=3).epoch_over("n3", known=12)
