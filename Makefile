@@ -1,0 +1,46 @@
+# fastfs: two commands on a fresh machine (Debian bookworm, root):
+#   make demo   - install what is missing, mount an embedded example, load it through the mount, print stats
+#   make test   - install what is missing, lint, run the whole test suite (real FUSE mounts)
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+APT_GET ?= apt-get
+
+.PHONY: system-deps setup demo test lint bench bench-local bench-latency bench-formats bench-stats clean
+
+# fuse3 ships fusermount3 and libfuse3 (never Debian's "fuse": it conflicts with fuse3);
+# systemd provides systemd-analyze for the unit test.
+system-deps:
+	@command -v fusermount3 >/dev/null && command -v systemd-analyze >/dev/null || \
+		{ $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq fuse3 systemd; }
+	@test -e /dev/fuse || { echo "fastfs: /dev/fuse is missing (load the fuse module)"; exit 1; }
+
+setup: system-deps
+	@$(PYTHON) -c "import fastfs.daemon.cli, torch, paddle, safetensors, hypothesis" 2>/dev/null || \
+		$(PIP) install -q -e '.[test,ml]'
+
+demo: setup
+	$(PYTHON) scripts/demo.py
+
+lint: setup
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+
+test: lint
+	$(PYTHON) -m pytest -q
+
+bench: bench-local bench-latency bench-formats bench-stats
+
+bench-local: setup
+	$(PYTHON) benchmarks/bench_local.py
+
+bench-latency: setup
+	$(PYTHON) benchmarks/bench_latency.py
+
+bench-formats: setup
+	$(PYTHON) benchmarks/bench_formats.py
+
+bench-stats: setup
+	$(PYTHON) benchmarks/bench_stats.py
+
+clean:
+	rm -rf build *.egg-info .pytest_cache .ruff_cache .hypothesis
