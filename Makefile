@@ -15,8 +15,7 @@ system-deps:
 	@test -e /dev/fuse || { echo "fastfs: /dev/fuse is missing (load the fuse module)"; exit 1; }
 
 setup: system-deps
-	@$(PYTHON) -c "import fastfs.daemon.cli, torch, paddle, safetensors, hypothesis" 2>/dev/null || \
-		$(PIP) install -q -e '.[test,ml]'
+	$(PIP) install -q -e '.[test,ml]'
 
 demo: setup
 	$(PYTHON) scripts/demo.py
