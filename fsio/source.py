@@ -257,20 +257,22 @@ class SourceFile:
     def _direct_fd(self) -> int:
         if self.dfd is not None:
             return self.dfd
-        with _direct_lock:
-            if self.dfd is None:
-                share = cached_share(self.fd, self.size)
+        share = cached_share(self.fd, self.size)
+        dfd = -1
+        if share is None or share < CACHED_SHARE:
+            try:
+                dfd = self._source.open_rel(self._parts, os.O_RDONLY | os.O_DIRECT)
+                if os.fstat(dfd).st_ino != self.st.st_ino:
+                    os.close(dfd)
+                    dfd = -1
+            except OSError:
                 dfd = -1
-                if share is None or share < CACHED_SHARE:
-                    try:
-                        dfd = self._source.open_rel(self._parts, os.O_RDONLY | os.O_DIRECT)
-                        if os.fstat(dfd).st_ino != self.st.st_ino:
-                            os.close(dfd)
-                            dfd = -1
-                    except OSError:
-                        dfd = -1
-                self.dfd = dfd
-        return self.dfd
+        with _direct_lock:
+            if self.dfd is None and self.fd >= 0:
+                self.dfd, dfd = dfd, -1
+        if dfd >= 0:
+            os.close(dfd)  # another thread won the race
+        return self.dfd if self.dfd is not None else -1
 
     def read_into(self, offset: int, view: memoryview, aligned: bool = False) -> int:
         """Fill *view* from *offset* (loops over short reads, EINTR retried by Python); returns bytes read.
@@ -302,7 +304,9 @@ class SourceFile:
         return total
 
     def close(self) -> None:
-        for fd in (self.fd, self.dfd):
+        with _direct_lock:
+            fds = (self.fd, self.dfd)
+            self.fd = self.dfd = -1
+        for fd in fds:
             if fd is not None and fd >= 0:
                 os.close(fd)
-        self.fd = self.dfd = -1
