@@ -1,11 +1,14 @@
 """Counters of what the engine did, recorded where each event happens.
 
-Design: every thread writes into its own shard (a plain dict reached through
-``threading.local``), so counting takes no lock and costs one dict update; a snapshot sums the
-shards under the registry lock. Metric names are the constants below, in one place, used by the
-engine, the stats file, the CLI and the Prometheus exporter alike.
+Design: every thread writes into its own shard (a plain dict found by the thread's identifier),
+so counting takes no lock and costs one dict update; a snapshot sums the shards under the
+registry lock. Shards are keyed by ``threading.get_ident()`` rather than ``threading.local``:
+FUSE callbacks arrive on libfuse's threads, and each callback from a foreign thread gets a fresh
+Python thread state, so a thread-local would be new on every request. Metric names are the
+constants below, in one place, used by the engine, the stats file, the CLI and the Prometheus
+exporter alike.
 
-Concurrency: ``_lock`` guards ``_shards`` (the list of per-thread dicts) and ``_files``; a shard is
+Concurrency: ``_lock`` guards ``_shards`` (thread id -> that thread's dict) and ``_files``; a shard is
 written only by its own thread and read (racily but safely: ints are replaced atomically under the
 GIL) by snapshots.
 """
@@ -83,8 +86,7 @@ class Stats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._shards: list[dict[str, float]] = []
-        self._local = threading.local()
+        self._shards: dict[int, dict[str, float]] = {}
         self._files: dict[str, list[int]] = {}  # path -> [fetched, delivered]
         self._errors: dict[str, int] = {}
         self.started = time.time()
@@ -93,15 +95,14 @@ class Stats:
         self.enabled = True
 
     def _shard(self) -> dict[str, float]:
-        try:
-            return self._local.shard
-        except AttributeError:
-            shard: dict[str, float] = dict.fromkeys(COUNTERS + _SIZE_KEYS + _LAT_KEYS, 0)
+        ident = threading.get_ident()
+        shard = self._shards.get(ident)
+        if shard is None:
+            shard = dict.fromkeys(COUNTERS + _SIZE_KEYS + _LAT_KEYS, 0)
             shard["lat_sum"] = 0.0
             with self._lock:
-                self._shards.append(shard)
-            self._local.shard = shard
-            return shard
+                self._shards[ident] = shard
+        return shard
 
     def add(self, name: str, value: int = 1) -> None:
         """Add *value* to counter *name*."""
@@ -150,7 +151,7 @@ class Stats:
     def counters(self) -> dict[str, float]:
         """Sum of all shards."""
         with self._lock:
-            shards = list(self._shards)
+            shards = list(self._shards.values())
         total: dict[str, float] = dict.fromkeys(COUNTERS + _SIZE_KEYS + _LAT_KEYS, 0)
         total["lat_sum"] = 0.0
         for shard in shards:

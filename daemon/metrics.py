@@ -1,0 +1,257 @@
+"""Prometheus ``/metrics`` endpoint of one mount.
+
+Design: nothing is counted twice. The engine already keeps every counter (see
+:mod:`fastfs.fsio.stats`), so the exporter holds no metric objects of its own: a custom collector
+calls the engine's ``snapshot()`` on each scrape and translates that dict into metric families with
+conventional names (``fastfs_*_total`` counters, ``_bytes`` / ``_seconds`` units, one ``mount``
+label on every sample). A scrape therefore costs one snapshot (summing the per-thread shards), and
+the read path pays nothing for the exporter whether or not anyone scrapes.
+
+The endpoint uses its own :class:`~prometheus_client.CollectorRegistry` (never the process-global
+one) holding this collector plus the standard process collector (RSS, open fds, CPU), and the
+HTTP server of prometheus-client in a daemon thread. :func:`serve` returns a small handle whose
+``shutdown()`` stops the thread and closes the listening socket. The listen address comes from
+``stats.metrics`` through :func:`fastfs.config.loader.parse_listen_address`, which defaults to
+loopback: the numbers reveal file names only through the daemon's logs, but there is no reason to
+expose them beyond the host unless asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from fastfs import __version__
+from fastfs.fsio import stats as fstats
+
+log = logging.getLogger(__name__)
+
+PREFIX = "fastfs_"
+LABEL = "mount"
+# Seconds shutdown() waits for the server thread; serve_forever polls every 0.5 s, so 5 s is ample.
+SHUTDOWN_JOIN_TIMEOUT = 5.0
+
+Snapshot = Mapping[str, Any]
+
+# Plain counters: (snapshot counter name, exported name without _total, help text).
+_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    (fstats.BYTES_REQUESTED, "bytes_requested", "Bytes applications asked to read through the mount."),
+    (fstats.BYTES_SERVED_CACHE, "bytes_served_from_cache", "Requested bytes copied from RAM blocks already present."),
+    (fstats.BYTES_PREFETCH_USED, "prefetch_used_bytes", "Prefetched bytes later delivered to a reader."),
+    (fstats.BYTES_PREFETCH_WASTED, "prefetch_wasted_bytes", "Prefetched bytes evicted or invalidated before any use."),
+    (fstats.READ_REQUESTS, "read_requests", "Read requests received from the kernel."),
+    (fstats.PREADS, "preads", "Reads issued to the source."),
+    (fstats.PREAD_ERRORS, "pread_errors", "Reads from the source that failed."),
+    (fstats.EVICTIONS, "evictions", "Cache blocks evicted to stay within the budget."),
+    (fstats.BACKPRESSURE, "prefetch_declined", "Prefetches refused because the cache budget was full."),
+    (fstats.SEQ_RESETS, "sequential_resets", "Sequential streams that collapsed on a seek."),
+    (fstats.SCAN_FILES, "small_file_scan_files", "Files fetched whole by small-file scans."),
+    (fstats.LEARNED_FILES_USED, "learned_files_used", "Files of replayed learned access sets that were then read."),
+    (fstats.OPENS, "opens", "Files opened through the mount."),
+    (fstats.TIMEOUTS, "read_timeouts", "Reads that failed because the source did not answer within read_timeout."),
+)
+# Source bytes by why they were read: fastfs_bytes_fetched_total{kind=...}.
+_FETCHED_KINDS: tuple[tuple[str, str], ...] = (
+    (fstats.BYTES_FETCHED_DEMAND, "demand"),
+    (fstats.BYTES_FETCHED_PREFETCH, "prefetch"),
+)
+# Access patterns recognised: fastfs_patterns_total{pattern=...}.
+_PATTERNS: tuple[tuple[str, str], ...] = (
+    (fstats.SEQ_STREAMS, "sequential"),
+    (fstats.RANDOM_STREAMS, "random"),
+    (fstats.SCANS, "small_file_scan"),
+    (fstats.FORMAT_PLANS, "format"),
+    (fstats.MMAP_STREAMS, "mmap"),
+    (fstats.LEARNED_PLANS, "learned"),
+)
+# Gauges: (snapshot gauges key, exported name, help text).
+_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("cache_bytes", "cache_bytes", "Bytes held by the cache (cached and in-flight blocks)."),
+    ("cache_budget", "cache_budget_bytes", "Byte budget of the cache."),
+    ("cache_blocks", "cache_blocks", "Blocks held by the cache."),
+    ("open_files", "open_files", "Files currently open through the mount."),
+    ("streams", "streams", "Read streams currently tracked by the pattern detector."),
+)
+_MAPPED_COUNTERS = {c[0] for c in _COUNTERS} | {k for k, _ in _FETCHED_KINDS} | {k for k, _ in _PATTERNS}
+_MAPPED_GAUGES = {g[0] for g in _GAUGES}
+_NAME_OK = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def _number(value: Any) -> float | None:
+    """A finite float for numeric snapshot values (bools and None are not metrics)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _cumulative(buckets: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """Per-bucket counts keyed by upper bound (``"0.001"``, ``"+Inf"``) -> sorted cumulative buckets."""
+    bounds = sorted((float(k), _number(v) or 0.0) for k, v in buckets.items())
+    running = 0.0
+    out: list[tuple[str, float]] = []
+    for bound, count in bounds:
+        running += count
+        out.append((floatToGoString(bound), running))
+    if not out or out[-1][0] != "+Inf":
+        out.append(("+Inf", running))
+    return out
+
+
+class SnapshotCollector(Collector):
+    """Translates one engine snapshot per scrape into Prometheus metric families."""
+
+    def __init__(self, snapshot_fn: Callable[[], Snapshot], mount_label: str) -> None:
+        self._snapshot_fn = snapshot_fn
+        self._label = str(mount_label)
+        self._failed = False  # log a failing snapshot once, not on every scrape
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            snap = self._snapshot_fn()
+        except Exception:
+            if not self._failed:
+                log.exception("metrics: engine snapshot failed; scrapes will fail until it works again")
+                self._failed = True
+            raise
+        self._failed = False
+        yield from self.families(snap)
+
+    def families(self, snap: Snapshot) -> Iterable[Metric]:
+        """All metric families of *snap* (separate from :meth:`collect` for tests)."""
+        lbl = [LABEL]
+        val = [self._label]
+        counters: Mapping[str, Any] = snap.get("counters") or {}
+        gauges: Mapping[str, Any] = snap.get("gauges") or {}
+
+        for key, name, doc in _COUNTERS:
+            if (v := _number(counters.get(key))) is not None:
+                fam = CounterMetricFamily(PREFIX + name, doc, labels=lbl)
+                fam.add_metric(val, v)
+                yield fam
+        # Counters added to the engine later are exported under their own name rather than dropped.
+        for key in sorted(set(counters) - _MAPPED_COUNTERS):
+            if _NAME_OK.match(key) and (v := _number(counters[key])) is not None:
+                fam = CounterMetricFamily(PREFIX + key, f"Engine counter {key}.", labels=lbl)
+                fam.add_metric(val, v)
+                yield fam
+
+        fam = CounterMetricFamily(
+            PREFIX + "bytes_fetched", "Bytes read from the source, by reason.", labels=[LABEL, "kind"]
+        )
+        for key, kind in _FETCHED_KINDS:
+            fam.add_metric([self._label, kind], _number(counters.get(key)) or 0.0)
+        yield fam
+
+        fam = CounterMetricFamily(
+            PREFIX + "patterns", "Access patterns recognised, by kind.", labels=[LABEL, "pattern"]
+        )
+        for key, pattern in _PATTERNS:
+            fam.add_metric([self._label, pattern], _number(counters.get(key)) or 0.0)
+        yield fam
+
+        fam = CounterMetricFamily(
+            PREFIX + "source_errors", "Errors returned by the source, by errno name.", labels=[LABEL, "errno"]
+        )
+        for name, n in sorted((snap.get("errors") or {}).items()):
+            fam.add_metric([self._label, str(name)], _number(n) or 0.0)
+        yield fam
+
+        lat = snap.get("pread_latency") or {}
+        if lat.get("buckets"):
+            fam = HistogramMetricFamily(
+                PREFIX + "pread_duration_seconds", "Duration of reads from the source.", labels=lbl
+            )
+            fam.add_metric(val, _cumulative(lat["buckets"]), _number(lat.get("sum_seconds")) or 0.0)
+            yield fam
+        sizes = snap.get("request_sizes") or {}
+        if sizes:
+            # The sum of request sizes is the bytes_requested counter.
+            fam = HistogramMetricFamily(
+                PREFIX + "read_request_size_bytes", "Size of read requests from the kernel.", labels=lbl
+            )
+            fam.add_metric(val, _cumulative(sizes), _number(counters.get(fstats.BYTES_REQUESTED)))
+            yield fam
+
+        for key, name, doc in _GAUGES:
+            if (v := _number(gauges.get(key))) is not None:
+                fam = GaugeMetricFamily(PREFIX + name, doc, labels=lbl)
+                fam.add_metric(val, v)
+                yield fam
+        for key in sorted(set(gauges) - _MAPPED_GAUGES):
+            if _NAME_OK.match(key) and (v := _number(gauges[key])) is not None:
+                fam = GaugeMetricFamily(PREFIX + key, f"Engine gauge {key}.", labels=lbl)
+                fam.add_metric(val, v)
+                yield fam
+
+        if (v := _number(snap.get("uptime_seconds"))) is not None:
+            fam = GaugeMetricFamily(PREFIX + "uptime_seconds", "Seconds since the mount started.", labels=lbl)
+            fam.add_metric(val, v)
+            yield fam
+        if (v := _number(snap.get("started"))) is not None:
+            fam = GaugeMetricFamily(PREFIX + "start_time_seconds", "Unix time the mount started.", labels=lbl)
+            fam.add_metric(val, v)
+            yield fam
+        fam = GaugeMetricFamily(
+            PREFIX + "build_info", "Version of fastfs serving the mount (always 1).", labels=[LABEL, "version"]
+        )
+        fam.add_metric([self._label, __version__], 1.0)
+        yield fam
+
+
+def make_registry(snapshot_fn: Callable[[], Snapshot], mount_label: str) -> CollectorRegistry:
+    """A dedicated registry with the snapshot collector and the process collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(snapshot_fn, mount_label))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+class MetricsServer:
+    """Handle of a running endpoint: ``.host``, ``.port`` (the bound one) and ``.shutdown()``."""
+
+    def __init__(self, httpd: Any, thread: threading.Thread, host: str) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        self.host = host
+        self.port: int = httpd.server_address[1]
+        self._closed = False
+
+    def shutdown(self) -> None:
+        """Stop serving and close the listening socket (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(SHUTDOWN_JOIN_TIMEOUT)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def serve(snapshot_fn: Callable[[], Snapshot], host: str, port: int, mount_label: str) -> MetricsServer:
+    """Serve ``http://HOST:PORT/metrics`` from *snapshot_fn* in a daemon thread.
+
+    Raises ``OSError`` naming the address when it cannot listen (port taken, unknown host).
+    """
+    registry = make_registry(snapshot_fn, mount_label)
+    try:
+        httpd, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        raise OSError(e.errno, f"stats.metrics: cannot listen on {host}:{port}: {e.strerror or e}") from None
+    server = MetricsServer(httpd, thread, host)
+    log.info("metrics: serving http://%s:%d/metrics", host if ":" not in host else f"[{host}]", server.port)
+    return server
