@@ -50,7 +50,7 @@ class FuseConfig:
     """Answer open with ENOSYS so the kernel skips OPEN/RELEASE (faster small-file re-reads, but no
     close-to-open revalidation: a changed source file is seen only after attr_timeout)."""
     threads: int = 16
-    """Upper bound of FUSE worker threads (libfuse 3.14 caps at 10 whatever is asked)."""
+    """FUSE worker threads (libfuse max_threads and max_idle_threads)."""
 
     def validate(self) -> None:
         for name in ("entry_timeout", "attr_timeout", "negative_timeout"):

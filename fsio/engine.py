@@ -316,7 +316,7 @@ class Engine:
         want = len(dest)
         end = min(offset + want, entry.size)
         if end <= offset:
-            self.stats.request(want, 0)
+            self.stats.request(0, 0)
             return 0
         sequential = False
         ra = self.config.readahead
@@ -350,7 +350,7 @@ class Engine:
             for block in demand:
                 if block is not None:
                     self.cache.unpin(block)
-        self.stats.request(want, cached)
+        self.stats.request(n, cached)
         return n
 
     def _reserve_demand(self, entry: FileEntry, offset: int, end: int) -> list[Block | None]:
@@ -611,14 +611,9 @@ class Engine:
                 learned = self.learn.plan(dir_path)
         if learned is not None:
             with ds.lock:
-                replay = not ds.queue and not ds.inflight
-                if replay:
-                    ds.policy.active = True
-                    ds.queue.extend(n for n in learned.names if n not in ds.policy.opened)
-                    ds.known = max(ds.known, len(learned.names))
-            if replay:
-                self._pump(dir_path, ds)
-                return
+                ds.queue.extend(n for n in learned.names if n not in ds.policy.opened)
+                ds.known = max(ds.known, len(learned.names))
+            self._pump(dir_path, ds)
         if start:
             self.stats.add(m.SCANS)
             if not self.pool.submit_prefetch(lambda: self._start_scan(dir_path, ds)):
@@ -634,7 +629,9 @@ class Engine:
             return
         with ds.lock:
             ds.known = len(listing)
-            ds.queue.extend(ds.policy.plan(listing)[: self.config.readahead.scan_max_files])
+            queued = set(ds.queue)
+            plan = ds.policy.plan(listing)[: self.config.readahead.scan_max_files]
+            ds.queue.extend(n for n in plan if n not in queued)
         self._pump(dir_path, ds)
 
     def _pump(self, dir_path: str, ds: DirScan) -> None:

@@ -161,6 +161,7 @@ class Source:
         return os.statvfs(self.root_fd)
 
     def access(self, path: str, mode: int) -> None:
+        self.lstat(path)  # ENOENT for a missing path rather than EACCES
         fd, name = self._parent(path)
         try:
             if not os.access(name, mode, dir_fd=fd, follow_symlinks=False, effective_ids=False):

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 # Byte counters.
-BYTES_REQUESTED = "bytes_requested"  # asked for by applications (read requests from the kernel)
+BYTES_REQUESTED = "bytes_requested"  # delivered to applications (read requests, clipped at EOF)
 BYTES_SERVED_CACHE = "bytes_served_from_cache"  # of those, copied from RAM blocks already present
 BYTES_FETCHED_DEMAND = "bytes_fetched_demand"  # read from the source because a reader waited for them
 BYTES_FETCHED_PREFETCH = "bytes_fetched_prefetch"  # read from the source ahead of any reader
@@ -110,7 +110,7 @@ class Stats:
             self._shard()[name] += value
 
     def request(self, size: int, served_from_cache: int) -> None:
-        """One application read of *size* bytes, *served_from_cache* of them from RAM blocks."""
+        """One application read that delivered *size* bytes, *served_from_cache* of them from RAM blocks."""
         if not self.enabled:
             return
         shard = self._shard()

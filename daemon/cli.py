@@ -1,0 +1,333 @@
+"""The ``fastfs`` command line: mount, umount, stats, warm, install-service.
+
+Every user error is one line ``fastfs: error: ...`` on stderr with a non-zero exit, never a
+traceback. ``fastfs mount`` validates paths and configuration before anything is mounted; without
+``--foreground`` it forks a daemon (before libfuse is loaded), which reports readiness or a one-line
+error through a pipe, so the command returns only once the mount is live.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import os
+import select
+import signal
+import sys
+import time
+from typing import Any, NoReturn
+
+from fastfs import __version__
+from fastfs.config.loader import ConfigError, load_config, one_line, parse_overrides
+
+# Seconds `fastfs mount` waits for the daemon to report the mount live before giving up.
+STARTUP_TIMEOUT = 60.0
+# Seconds to wait for a killed or failed daemon child to exit.
+CHILD_EXIT_TIMEOUT = 10.0
+# Exit status of user errors (argparse uses 2 for usage errors).
+EXIT_ERROR = 1
+
+
+class CliError(Exception):
+    """A one-line user error."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors in the fastfs format."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"fastfs: error: {one_line(message)}\n")
+        raise SystemExit(2)
+
+
+def default_log_file(mountpoint: str) -> str:
+    """Log file of a background daemon when log.file is unset."""
+    name = os.path.basename(os.path.normpath(mountpoint)) or "root"
+    return f"/tmp/fastfs-{name}.log"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fastfs", description="Read-ahead FUSE mirror for machine-learning data.")
+    parser.add_argument("--version", action="version", version=f"fastfs {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    m = sub.add_parser(
+        "mount",
+        help="mount SRC read-only on MNT",
+        description="Mount SRC read-only on MNT. Without --foreground the daemon runs in the background "
+        "and the command returns once the mount is live; background logs go to log.file if set, "
+        "else /tmp/fastfs-<basename of MNT>.log.",
+    )
+    m.add_argument("source", nargs="?", metavar="SRC", help="directory to mirror (default: source in the config)")
+    m.add_argument("mountpoint", nargs="?", metavar="MNT", help="empty directory to mount on (default: config)")
+    m.add_argument("--config", metavar="FILE", help="YAML config (default: /etc/fastfs/fastfs.yaml if present)")
+    m.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground, log to stderr")
+    m.add_argument(
+        "-o",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,...]",
+        help="config override, e.g. -o budget=2G,workers=8 or -o readahead.max_window=128M",
+    )
+    m.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level")
+    m.add_argument("--log-file", metavar="F", help="log file (default: stderr; background: see above)")
+
+    u = sub.add_parser("umount", help="unmount MNT", description="Unmount MNT (recovers a mount whose daemon died).")
+    u.add_argument("mountpoint", metavar="MNT")
+    u.add_argument("-l", "--lazy", action="store_true", help="detach now, finish when files are closed")
+
+    s = sub.add_parser("stats", help="show statistics of a mount", description="Show what a fastfs mount did.")
+    s.add_argument("mountpoint", metavar="MNT")
+    s.add_argument("--json", action="store_true", help="print the raw JSON snapshot")
+    s.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=1.0,
+        default=None,
+        metavar="SECONDS",
+        help="print per-interval rates every SECONDS (default 1) until Ctrl-C",
+    )
+    s.add_argument("--top", type=int, metavar="N", help="list the N files with most bytes fetched")
+
+    w = sub.add_parser(
+        "warm",
+        help="prefetch files or trees into a mount's cache",
+        description="Prefetch PATHs (inside fastfs mounts) into the cache now.",
+    )
+    w.add_argument("paths", nargs="+", metavar="PATH")
+    w.add_argument("-j", "--jobs", type=int, default=4, metavar="N", help="files warmed in parallel (default 4)")
+
+    i = sub.add_parser(
+        "install-service",
+        help="install the systemd unit and mount helper",
+        description="Install the fastfs@.service systemd unit and the mount.fuse.fastfs helper.",
+    )
+    i.add_argument("--prefix", default="/", help="install root (default /)")
+    return parser
+
+
+# -- mount ----------------------------------------------------------------------------------------
+def _mount_config(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]]:
+    overrides: dict[str, Any] = parse_overrides(args.options)
+    if args.log_level:
+        overrides["log.level"] = args.log_level
+    if args.log_file:
+        overrides["log.file"] = os.path.abspath(args.log_file)
+    config_path = os.path.abspath(args.config) if args.config else None
+    config = load_config(config_path, overrides)
+    if config.log.file and not os.path.isabs(config.log.file):
+        config = dataclasses.replace(config, log=dataclasses.replace(config.log, file=os.path.abspath(config.log.file)))
+    return config, config_path, overrides
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from fastfs.daemon import mount
+
+    config, config_path, overrides = _mount_config(args)
+    source, mountpoint = args.source, args.mountpoint
+    if source and not mountpoint:  # one argument: the mount point, the source comes from the config
+        source, mountpoint = None, source
+    source = source or config.source
+    mountpoint = mountpoint or config.mountpoint
+    if not source or not mountpoint:
+        raise CliError("mount needs SRC and MNT (as arguments or as source/mountpoint in the config)")
+    try:
+        src, mnt = mount.check_paths(source, mountpoint)
+    except mount.MountError as e:
+        raise CliError(str(e)) from None
+    config = dataclasses.replace(config, source=src, mountpoint=mnt)
+    kwargs = {"config_path": config_path, "overrides": overrides, "use_default_path": True}
+    if args.foreground:
+        from fastfs.daemon import logsetup
+
+        logsetup.setup(config.log.level, config.log.file or None)
+        try:
+            return mount.Daemon(src, mnt, config, **kwargs).run()
+        except mount.MountError as e:
+            raise CliError(str(e)) from None
+    return _daemonize(src, mnt, config, kwargs)
+
+
+def _daemonize(src: str, mnt: str, config: Any, kwargs: dict[str, Any]) -> int:
+    from fastfs.daemon import mount
+
+    log_file = config.log.file or default_log_file(mnt)
+    try:
+        log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise CliError(f"log file {log_file}: {e.strerror}") from None
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the daemon
+        status = EXIT_ERROR
+        readiness = mount.Readiness(write_fd)
+        try:
+            os.close(read_fd)
+            os.setsid()
+            os.chdir("/")
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.close(devnull)
+            os.close(log_fd)
+            from fastfs.daemon import logsetup
+
+            logsetup.setup(config.log.level, None, journal=False)
+            status = mount.Daemon(src, mnt, config, readiness=readiness, **kwargs).run()
+        except BaseException as e:  # noqa: BLE001 - the parent shows this one line
+            message = str(e) if isinstance(e, (mount.MountError, ConfigError)) else f"{type(e).__name__}: {e}"
+            readiness.error(message)
+            try:
+                sys.stderr.write(f"fastfs: error: {one_line(message)}\n")
+                sys.stderr.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    os.close(log_fd)
+    try:
+        reply = _await_child(read_fd, STARTUP_TIMEOUT)
+    finally:
+        os.close(read_fd)
+    if reply == "ok":
+        return 0
+    if reply is None:
+        _kill_child(pid)
+        mount.force_unmount(mnt)
+        raise CliError(f"mount did not become ready within {STARTUP_TIMEOUT:.0f}s (log: {log_file})")
+    _reap_child(pid)
+    mount.force_unmount(mnt)
+    if reply.startswith("error "):
+        raise CliError(f"{reply[len('error ') :]} (log: {log_file})")
+    raise CliError(f"the daemon exited during startup (log: {log_file})")
+
+
+def _await_child(fd: int, timeout: float) -> str | None:
+    """The child's one-line report; '' when it exited without one; None on timeout."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def _reap_child(pid: int) -> None:
+    deadline = time.monotonic() + CHILD_EXIT_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.05)
+    _kill_child(pid)
+
+
+def _kill_child(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+# -- umount ---------------------------------------------------------------------------------------
+def cmd_umount(args: argparse.Namespace) -> int:
+    from fastfs.daemon import mount
+
+    mnt = os.path.abspath(args.mountpoint)
+    entry = mount.find_mount(mnt)
+    if entry is None:
+        raise CliError(f"{args.mountpoint} is not mounted")
+    if not entry.fstype.startswith("fuse"):
+        raise CliError(f"{args.mountpoint} is not a fastfs mount ({entry.fstype})")
+    target = entry.mountpoint
+    cmd = ["fusermount3", "-u"] + (["-z"] if args.lazy else []) + [target]
+    rc, err = mount.run_quiet(cmd)
+    if rc == 0:
+        return 0
+    dead = False
+    try:
+        os.stat(target)
+    except OSError as e:
+        dead = e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    if dead or args.lazy:
+        rc2, err2 = mount.run_quiet(["umount", "-l", target])
+        if rc2 == 0:
+            return 0
+        err = err2 or err
+    hint = " (files still open? use --lazy)" if "busy" in err.lower() else ""
+    raise CliError(f"cannot unmount {args.mountpoint}: {err or 'fusermount3 failed'}{hint}")
+
+
+# -- stats / warm / install-service ---------------------------------------------------------------
+def cmd_stats(args: argparse.Namespace) -> int:
+    from fastfs.daemon import statscli
+
+    if args.top is not None and args.top < 1:
+        raise CliError("--top needs a positive number")
+    try:
+        return statscli.main(args)
+    except statscli.StatsError as e:
+        raise CliError(str(e)) from None
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        raise CliError("--jobs needs a positive number")
+    try:
+        from fastfs.daemon.warm import main as warm_main
+    except ImportError as e:
+        raise CliError(f"warm is not available: {e}") from None
+    return int(warm_main(args) or 0)
+
+
+def cmd_install_service(args: argparse.Namespace) -> int:
+    try:
+        from fastfs.daemon.service import install
+    except ImportError as e:
+        raise CliError(f"install-service is not available: {e}") from None
+    return int(install(args) or 0)
+
+
+COMMANDS = {
+    "mount": cmd_mount,
+    "umount": cmd_umount,
+    "stats": cmd_stats,
+    "warm": cmd_warm,
+    "install-service": cmd_install_service,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``fastfs`` and ``python -m fastfs``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (CliError, ConfigError) as e:
+        sys.stderr.write(f"fastfs: error: {one_line(e)}\n")
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        sys.stderr.write(f"fastfs: error: {where}{e.strerror or one_line(e)}\n")
+    except KeyboardInterrupt:
+        return 130
+    return EXIT_ERROR

@@ -1,0 +1,260 @@
+"""``fastfs stats MNT``: read a mount's ``.fastfs/stats`` snapshot and present it.
+
+Default: a readable summary (hit ratio, amplification, prefetch accuracy, cache use, patterns,
+source latency, errors). ``--json`` prints the raw snapshot; ``--top N`` lists files by bytes
+fetched; ``--watch [S]`` prints one line of per-interval rates every S seconds until Ctrl-C.
+The formatting helpers are also used by the daemon for ``STATUS=`` lines and log summaries.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+import time
+from typing import Any
+
+STATS_RELPATH = os.path.join(".fastfs", "stats")
+# Seconds between --watch lines when no interval is given.
+DEFAULT_WATCH_INTERVAL = 1.0
+# Smallest --watch interval accepted (reading the snapshot is cheap, printing faster is noise).
+MIN_WATCH_INTERVAL = 0.1
+# --watch repeats its header after this many lines.
+WATCH_HEADER_EVERY = 20
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+class StatsError(Exception):
+    """One-line reason the stats cannot be read."""
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    n = float(n)
+    for unit in _UNITS:
+        if abs(n) < 1024 or unit == _UNITS[-1]:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} {_UNITS[-1]}"  # pragma: no cover
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.2g} ms"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def _fetched(c: dict[str, Any]) -> int:
+    return int(c.get("bytes_fetched_demand", 0)) + int(c.get("bytes_fetched_prefetch", 0))
+
+
+def summary_line(snap: dict[str, Any]) -> str:
+    """One line for systemd STATUS= and log messages."""
+    c = snap.get("counters", {})
+    d = snap.get("derived", {})
+    g = snap.get("gauges", {})
+    errors = sum(snap.get("errors", {}).values())
+    return (
+        f"requested {human_bytes(c.get('bytes_requested', 0))}, hit {_pct(d.get('hit_ratio'))}, "
+        f"fetched {human_bytes(_fetched(c))} (amplification {d.get('amplification', 0):.2f}), "
+        f"cache {human_bytes(g.get('cache_bytes', 0))}/{human_bytes(g.get('cache_budget', 0))}, errors {errors}"
+    )
+
+
+def format_summary(snap: dict[str, Any]) -> str:
+    """Multi-line human summary of one snapshot."""
+    c = snap.get("counters", {})
+    d = snap.get("derived", {})
+    g = snap.get("gauges", {})
+    lat = snap.get("pread_latency", {})
+    mount = snap.get("mount", {})
+    uptime = float(snap.get("uptime_seconds", 0))
+    requested = int(c.get("bytes_requested", 0))
+    prefetched = int(c.get("bytes_fetched_prefetch", 0))
+    errors = snap.get("errors", {})
+    lines = [
+        f"fastfs mount {mount.get('mountpoint', '?')} (source {mount.get('source', '?')}, pid {mount.get('pid', '?')}),"
+        f" up {_duration(uptime)}",
+        f"  requested          {human_bytes(requested)} in {c.get('read_requests', 0)} reads"
+        f" ({human_bytes(requested / uptime if uptime > 0 else 0)}/s average)",
+        f"  served from cache  {human_bytes(c.get('bytes_served_from_cache', 0))}"
+        f" (hit ratio {_pct(d.get('hit_ratio', 0))})",
+        f"  fetched            {human_bytes(_fetched(c))}: demand {human_bytes(c.get('bytes_fetched_demand', 0))},"
+        f" prefetch {human_bytes(prefetched)}",
+        f"  amplification      {d.get('amplification', 0):.2f} (fetched / requested)",
+        f"  prefetch accuracy  {_pct(d.get('prefetch_accuracy', 0)) if prefetched else '-'}"
+        f" (used {human_bytes(c.get('bytes_prefetch_used', 0))}),"
+        f" wasted {human_bytes(c.get('bytes_prefetch_wasted', 0))}",
+        f"  cache              {human_bytes(g.get('cache_bytes', 0))} of {human_bytes(g.get('cache_budget', 0))}"
+        f" budget ({g.get('cache_blocks', 0)} blocks), {g.get('open_files', 0)} open files,"
+        f" {c.get('evictions', 0)} evictions",
+        f"  backpressure       {c.get('prefetch_declined', 0)} prefetches declined (budget full)",
+        f"  patterns           {c.get('sequential_streams', 0)} sequential streams"
+        f" ({c.get('sequential_resets', 0)} reset), {c.get('random_streams', 0)} random,"
+        f" {c.get('small_file_scans', 0)} small-file scans ({c.get('small_file_scan_files', 0)} files),"
+        f" {c.get('format_plans', 0)} format plans, {c.get('mmap_streams', 0)} mmap,"
+        f" {c.get('learned_plans', 0)} learned plans ({c.get('learned_files_used', 0)} files used)",
+        f"  source preads      {lat.get('count', c.get('preads', 0))}, latency p50 {_ms(lat.get('p50'))},"
+        f" p95 {_ms(lat.get('p95'))}, p99 {_ms(lat.get('p99'))}",
+        "  errors             "
+        + (", ".join(f"{k} {v}" for k, v in sorted(errors.items())) if errors else "none")
+        + f" ({c.get('read_timeouts', 0)} read timeouts)",
+    ]
+    return "\n".join(lines)
+
+
+def format_top(snap: dict[str, Any], n: int) -> str:
+    """Files by bytes fetched from the source, with their amplification."""
+    rows = sorted(snap.get("top_files", []), key=lambda r: r.get("fetched", 0), reverse=True)[: max(0, n)]
+    if not rows:
+        return "no file has been fetched yet"
+    out = [f"{'fetched':>12} {'delivered':>12} {'amp':>6}  path"]
+    for r in rows:
+        amp = r.get("amplification")
+        out.append(
+            f"{human_bytes(r.get('fetched', 0)):>12} {human_bytes(r.get('delivered', 0)):>12}"
+            f" {('-' if amp is None else f'{amp:.2f}'):>6}  {r.get('path', '?')}"
+        )
+    return "\n".join(out)
+
+
+def read_snapshot(mountpoint: str) -> dict[str, Any]:
+    """The snapshot of the fastfs mount at *mountpoint*; :class:`StatsError` otherwise."""
+    from fastfs.daemon.mount import FSTYPE, find_mount
+
+    try:
+        entry = find_mount(mountpoint)
+    except OSError as e:
+        raise StatsError(f"cannot read the mount table: {e.strerror}") from None
+    if entry is None or entry.fstype != FSTYPE:
+        raise StatsError(f"{mountpoint} is not a fastfs mount")
+    path = os.path.join(mountpoint, STATS_RELPATH)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            hint = f"run: fastfs umount {mountpoint}"
+            raise StatsError(f"{mountpoint}: the fastfs daemon is not running ({hint})") from None
+        if e.errno == errno.ENOENT:
+            raise StatsError(f"{mountpoint} is not a fastfs mount") from None
+        raise StatsError(f"{path}: {e.strerror}") from None
+    try:
+        snap = json.loads(data)
+    except ValueError:
+        raise StatsError(f"{path}: not a valid stats snapshot") from None
+    if not isinstance(snap, dict) or "counters" not in snap:
+        raise StatsError(f"{path}: not a valid stats snapshot")
+    return snap
+
+
+def _bucket_quantile(buckets: dict[str, int], q: float) -> float | None:
+    items = sorted(((float("inf") if k == "+Inf" else float(k)), v) for k, v in buckets.items())
+    total = sum(v for _, v in items)
+    if total <= 0:
+        return None
+    running = 0
+    finite = [b for b, _ in items if b != float("inf")]
+    for bound, count in items:
+        running += count
+        if running >= q * total:
+            return bound if bound != float("inf") else (finite[-1] if finite else None)
+    return None  # pragma: no cover
+
+
+WATCH_COLUMNS = (
+    ("time", 8),
+    ("req/s", 11),
+    ("hit", 6),
+    ("fetch/s", 11),
+    ("demand/s", 11),
+    ("prefetch/s", 11),
+    ("amp", 5),
+    ("reads/s", 8),
+    ("preads/s", 8),
+    ("p95", 8),
+    ("cache", 10),
+    ("err", 4),
+)
+
+
+def _watch_header() -> str:
+    return " ".join(f"{name:>{width}}" for name, width in WATCH_COLUMNS)
+
+
+def watch_line(prev: dict[str, Any], cur: dict[str, Any], seconds: float) -> str:
+    """Per-interval rates between two snapshots."""
+    pc, cc = prev.get("counters", {}), cur.get("counters", {})
+
+    def delta(key: str) -> float:
+        return max(0.0, float(cc.get(key, 0)) - float(pc.get(key, 0)))
+
+    dt = seconds if seconds > 0 else 1.0
+    req = delta("bytes_requested")
+    demand, prefetch = delta("bytes_fetched_demand"), delta("bytes_fetched_prefetch")
+    hit = delta("bytes_served_from_cache") / req if req else None
+    amp = (demand + prefetch) / req if req else None
+    pb = prev.get("pread_latency", {}).get("buckets", {})
+    cb = cur.get("pread_latency", {}).get("buckets", {})
+    p95 = _bucket_quantile({k: max(0, v - pb.get(k, 0)) for k, v in cb.items()}, 0.95)
+    errors = sum(cur.get("errors", {}).values()) - sum(prev.get("errors", {}).values())
+    values = (
+        time.strftime("%H:%M:%S"),
+        f"{human_bytes(req / dt)}/s",
+        _pct(hit),
+        f"{human_bytes((demand + prefetch) / dt)}/s",
+        f"{human_bytes(demand / dt)}/s",
+        f"{human_bytes(prefetch / dt)}/s",
+        "-" if amp is None else f"{amp:.2f}",
+        f"{delta('read_requests') / dt:.0f}",
+        f"{delta('preads') / dt:.0f}",
+        _ms(p95),
+        human_bytes(cur.get("gauges", {}).get("cache_bytes", 0)),
+        str(max(0, errors)),
+    )
+    return " ".join(f"{v:>{w}}" for v, (_, w) in zip(values, WATCH_COLUMNS, strict=True))
+
+
+def watch(mountpoint: str, interval: float, out: Any = None) -> int:
+    """Print per-interval rates until Ctrl-C (exit 0) or the mount goes away (exit 1)."""
+    out = out or sys.stdout
+    interval = max(MIN_WATCH_INTERVAL, interval)
+    prev = read_snapshot(mountpoint)
+    prev_t = time.monotonic()
+    lines = 0
+    try:
+        while True:
+            time.sleep(interval)
+            cur = read_snapshot(mountpoint)
+            now = time.monotonic()
+            if lines % WATCH_HEADER_EVERY == 0:
+                print(_watch_header(), file=out)
+            print(watch_line(prev, cur, now - prev_t), file=out, flush=True)
+            lines += 1
+            prev, prev_t = cur, now
+    except KeyboardInterrupt:
+        return 0
+
+
+def main(args: Any) -> int:
+    """Entry of ``fastfs stats`` (args: mountpoint, json, watch, top). Raises StatsError."""
+    if args.watch is not None:
+        return watch(args.mountpoint, args.watch)
+    snap = read_snapshot(args.mountpoint)
+    if args.json:
+        print(json.dumps(snap, indent=2))
+    elif args.top is not None:
+        print(format_top(snap, args.top))
+    else:
+        print(format_summary(snap))
+    return 0

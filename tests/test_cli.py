@@ -1,0 +1,480 @@
+"""The ``fastfs`` command line and the mount lifecycle, against real mounts."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import force_unmount, is_mounted, mounted, run_cli
+
+DATA = os.urandom(3 * 1024 * 1024 + 123)
+# Seconds to wait for a daemon to exit or a log line to appear.
+WAIT = 30.0
+
+
+def _one_line_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("fastfs: error: "), result.stderr
+    return lines[0]
+
+
+def _wait_for(predicate, timeout: float = WAIT) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def populated(src: Path) -> Path:
+    (src / "data.bin").write_bytes(DATA)
+    (src / "sub").mkdir()
+    (src / "sub" / "note.txt").write_text("note\n")
+    return src
+
+
+# -- bad input --------------------------------------------------------------------------------------
+def _cases(tmp: Path, src: Path, mnt: Path) -> dict[str, tuple[list[object], str]]:
+    (tmp / "afile").write_text("x")
+    full = tmp / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    inner = src / "inner"
+    inner.mkdir()
+    bad_key = tmp / "bad_key.yaml"
+    bad_key.write_text("cache:\n  nonsense: 1\n")
+    bad_value = tmp / "bad_value.yaml"
+    bad_value.write_text("cache:\n  workers: -3\n")
+    bad_yaml = tmp / "bad.yaml"
+    bad_yaml.write_text("cache: [unclosed\n")
+    return {
+        "src-missing": (["mount", tmp / "nope", mnt], "does not exist"),
+        "src-file": (["mount", tmp / "afile", mnt], "not a directory"),
+        "mnt-missing": (["mount", src, tmp / "nope"], "does not exist"),
+        "mnt-file": (["mount", src, tmp / "afile"], "not a directory"),
+        "mnt-not-empty": (["mount", src, full], "not empty"),
+        "mnt-inside-src": (["mount", src, inner], "inside"),
+        "mnt-is-src": (["mount", src, src], ""),
+        "bad-config-key": (["mount", src, mnt, "--config", bad_key], "cache.nonsense"),
+        "bad-config-value": (["mount", src, mnt, "--config", bad_value], "cache.workers"),
+        "bad-yaml": (["mount", src, mnt, "--config", bad_yaml], "YAML"),
+        "missing-config": (["mount", src, mnt, "--config", tmp / "none.yaml"], "not found"),
+        "bad-option-value": (["mount", src, mnt, "-o", "budget=lots"], "cache.budget"),
+        "unknown-option": (["mount", src, mnt, "-o", "frobnicate=1"], "frobnicate"),
+        "no-paths": (["mount"], "SRC and MNT"),
+    }
+
+
+CASE_NAMES = [
+    "src-missing",
+    "src-file",
+    "mnt-missing",
+    "mnt-file",
+    "mnt-not-empty",
+    "mnt-inside-src",
+    "mnt-is-src",
+    "bad-config-key",
+    "bad-config-value",
+    "bad-yaml",
+    "missing-config",
+    "bad-option-value",
+    "unknown-option",
+    "no-paths",
+]
+
+
+@pytest.mark.parametrize("foreground", [False, True], ids=["background", "foreground"])
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_bad_input_is_one_line_and_mounts_nothing(
+    tmp_path: Path, src: Path, mnt: Path, case: str, foreground: bool
+) -> None:
+    args, expected = _cases(tmp_path, src, mnt)[case]
+    if foreground:
+        args = [*args, "--foreground"]
+    result = run_cli(*args, timeout=60)
+    line = _one_line_error(result)
+    assert expected in line
+    assert not is_mounted(mnt)
+    assert not any(is_mounted(p) for p in tmp_path.rglob("*") if p.is_dir() and not p.is_symlink())
+
+
+def test_mountpoint_already_mounted(populated: Path, mnt: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    with mounted(populated, mnt):
+        line = _one_line_error(run_cli("mount", other, mnt))
+        assert "mount point" in line
+        line = _one_line_error(run_cli("mount", other, mnt, "--foreground"))
+        assert "mount point" in line
+        assert (mnt / "data.bin").read_bytes() == DATA
+
+
+def test_help_names_the_background_log() -> None:
+    result = run_cli("mount", "--help")
+    assert result.returncode == 0
+    assert "/tmp/fastfs-" in " ".join(result.stdout.split())
+
+
+def test_usage_error_is_one_line() -> None:
+    _one_line_error(run_cli("mount", "--no-such-flag"))
+    _one_line_error(run_cli("frobnicate"))
+
+
+# -- background mount -------------------------------------------------------------------------------
+def test_background_mount_is_live_on_return_and_umount_works(populated: Path, mnt: Path, tmp_path: Path) -> None:
+    log = tmp_path / "daemon.log"
+    pid = None
+    try:
+        result = run_cli("mount", populated, mnt, "--log-file", log, timeout=90)
+        assert result.returncode == 0, result.stderr + log.read_text()
+        assert result.stderr == ""
+        # Live the moment the command returned: no polling.
+        assert (mnt / "data.bin").read_bytes() == DATA
+        assert sorted(os.listdir(mnt)) == ["data.bin", "sub"]
+        pid = json.loads((mnt / ".fastfs" / "stats").read_bytes())["mount"]["pid"]
+        assert pid != os.getpid() and _pid_alive(pid)
+        result = run_cli("umount", mnt)
+        assert result.returncode == 0, result.stderr
+        assert not is_mounted(mnt)
+        assert _wait_for(lambda: not _pid_alive(pid)), "daemon kept running after umount"
+        assert "mounted" in log.read_text()
+        assert os.listdir(mnt) == []
+    finally:
+        force_unmount(mnt)
+        if pid is not None and _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_background_mount_default_log_file(populated: Path, tmp_path: Path) -> None:
+    mnt = tmp_path / f"bgmnt{os.getpid()}"
+    mnt.mkdir()
+    log = Path(f"/tmp/fastfs-{mnt.name}.log")
+    try:
+        result = run_cli("mount", populated, mnt, timeout=90)
+        assert result.returncode == 0, result.stderr
+        assert (mnt / "sub" / "note.txt").read_text() == "note\n"
+        assert log.exists() and "mounted" in log.read_text()
+        assert run_cli("umount", mnt).returncode == 0
+        assert not is_mounted(mnt)
+    finally:
+        force_unmount(mnt)
+        log.unlink(missing_ok=True)
+
+
+def test_background_mount_failure_reports_and_cleans_up(populated: Path, mnt: Path, tmp_path: Path) -> None:
+    # The metrics port is taken by a listening socket: the daemon cannot start, the parent says why.
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = run_cli(
+            "mount", populated, mnt, "-o", f"metrics=127.0.0.1:{port}", "--log-file", tmp_path / "log", timeout=90
+        )
+    try:
+        line = _one_line_error(result)
+        assert "metrics" in line
+        assert not is_mounted(mnt)
+    finally:
+        force_unmount(mnt)
+
+
+# -- signals ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_unmounts_cleanly_with_exit_0(populated: Path, mnt: Path, sig: int) -> None:
+    with mounted(populated, mnt) as m:
+        assert (mnt / "data.bin").read_bytes() == DATA
+        m.proc.send_signal(sig)
+        assert m.proc.wait(timeout=WAIT) == 0, m.log()
+        assert not is_mounted(mnt)
+        assert "unmounted" in m.log()
+        assert "Traceback" not in m.log()
+
+
+def test_sigkill_then_umount_recovers(populated: Path, mnt: Path) -> None:
+    with mounted(populated, mnt) as m:
+        m.proc.kill()
+        m.proc.wait(timeout=WAIT)
+        assert is_mounted(mnt)
+        # Reading the dead mount fails at once instead of hanging.
+        probe = subprocess.run(
+            [sys.executable, "-c", f"open({str(mnt / 'data.bin')!r}, 'rb').read()"],
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+        )
+        assert probe.returncode != 0
+        assert "Transport endpoint is not connected" in probe.stderr or "Input/output error" in probe.stderr
+        # A new mount on the dead one is refused with a hint, and so is reading its stats.
+        assert "umount" in _one_line_error(run_cli("mount", populated, mnt))
+        assert "not running" in _one_line_error(run_cli("stats", mnt))
+        result = run_cli("umount", mnt)
+        assert result.returncode == 0, result.stderr
+        assert not is_mounted(mnt)
+    with mounted(populated, mnt):
+        assert (mnt / "data.bin").read_bytes() == DATA
+
+
+def test_umount_errors(tmp_path: Path) -> None:
+    assert "not mounted" in _one_line_error(run_cli("umount", tmp_path))
+    assert "not mounted" in _one_line_error(run_cli("umount", tmp_path / "missing"))
+
+
+def test_umount_busy_and_lazy(populated: Path, mnt: Path) -> None:
+    with mounted(populated, mnt) as m:
+        with open(mnt / "data.bin", "rb") as f:
+            result = run_cli("umount", mnt)
+            if result.returncode != 0:  # busy: a one-line error that suggests --lazy
+                assert "--lazy" in _one_line_error(result)
+                assert is_mounted(mnt)
+                assert run_cli("umount", mnt, "--lazy").returncode == 0
+            assert f.read() == DATA  # an open file keeps working after a lazy detach
+        assert m.proc.wait(timeout=WAIT) == 0
+        assert not is_mounted(mnt)
+
+
+def _config_path(m) -> Path:
+    args = list(m.proc.args)
+    return Path(args[args.index("--config") + 1])
+
+
+def test_sighup_reloads_config(populated: Path, mnt: Path) -> None:
+    with mounted(populated, mnt, config_text="log:\n  level: info\n") as m:
+        config = _config_path(m)
+        config.write_text("cache:\n  workers: not-a-number\n")
+        m.proc.send_signal(signal.SIGHUP)
+        assert _wait_for(lambda: "reload failed" in m.log()), m.log()
+        assert "cache.workers" in m.log()
+        assert (mnt / "data.bin").read_bytes() == DATA  # still serving
+        config.write_text("log:\n  level: info\nfuse:\n  attr_timeout: 5\n")
+        m.proc.send_signal(signal.SIGHUP)
+        assert _wait_for(lambda: "reloaded; needs restart:" in m.log()), m.log()
+        line = [x for x in m.log().splitlines() if "reloaded; needs restart:" in x][-1]
+        assert "fuse.attr_timeout" in line
+        assert m.proc.poll() is None
+
+
+def test_sigusr1_logs_stats(populated: Path, mnt: Path) -> None:
+    with mounted(populated, mnt) as m:
+        (mnt / "data.bin").read_bytes()
+        m.proc.send_signal(signal.SIGUSR1)
+        assert _wait_for(lambda: "stats: requested" in m.log()), m.log()
+        assert m.proc.poll() is None
+
+
+# -- stats ------------------------------------------------------------------------------------------
+def test_stats_command(populated: Path, mnt: Path) -> None:
+    with mounted(populated, mnt):
+        assert (mnt / "data.bin").read_bytes() == DATA
+        result = run_cli("stats", mnt)
+        assert result.returncode == 0, result.stderr
+        for word in ("hit ratio", "amplification", "prefetch accuracy", "cache", "p95", "errors"):
+            assert word in result.stdout
+        result = run_cli("stats", mnt, "--json")
+        snap = json.loads(result.stdout)
+        assert snap["counters"]["bytes_requested"] >= len(DATA)
+        assert snap["mount"]["mountpoint"] == str(mnt.resolve())
+        result = run_cli("stats", mnt, "--top", "5")
+        assert result.returncode == 0
+        assert "/data.bin" in result.stdout
+
+
+def test_stats_watch_prints_rates_until_interrupted(populated: Path, mnt: Path) -> None:
+    with mounted(populated, mnt):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fastfs", "stats", str(mnt), "--watch", "0.2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            header = proc.stdout.readline()
+            first = proc.stdout.readline()
+            assert "req/s" in header and "hit" in header
+            assert first.strip()
+        finally:
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=WAIT)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err
+
+
+def test_stats_on_plain_directory_is_an_error(tmp_path: Path) -> None:
+    line = _one_line_error(run_cli("stats", tmp_path))
+    assert "is not a fastfs mount" in line
+    _one_line_error(run_cli("stats", tmp_path / "missing", "--json"))
+
+
+def test_hidden_stats_file(populated: Path, mnt: Path) -> None:
+    with mounted(populated, mnt) as m:
+        assert ".fastfs" not in os.listdir(mnt)
+        first = m.stats()
+        assert first["mount"]["source"] == str(populated.resolve())
+        assert first["mount"]["pid"] == m.pid
+        assert (mnt / "data.bin").read_bytes() == DATA
+        before = m.stats()["counters"]["bytes_requested"]
+        assert before >= len(DATA)
+        for _ in range(5):
+            json.loads((mnt / ".fastfs" / "stats").read_bytes())
+        assert m.stats()["counters"]["bytes_requested"] == before
+        assert json.loads(os.getxattr(mnt, "user.fastfs.stats"))["counters"]["bytes_requested"] == before
+        assert os.listdir(mnt / ".fastfs") == ["stats"]
+        with pytest.raises(OSError) as info:
+            os.open(mnt / ".fastfs" / "stats", os.O_WRONLY)
+        assert info.value.errno in (errno.EROFS, errno.EACCES)
+
+
+def test_stats_file_stays_fresh_in_no_open_mode(populated: Path, mnt: Path) -> None:
+    with mounted(populated, mnt, options=["no_open"]) as m:
+        first = m.stats()["counters"]["bytes_requested"]
+        assert (mnt / "data.bin").read_bytes() == DATA
+        assert (mnt / "sub" / "note.txt").read_text() == "note\n"
+        assert _wait_for(lambda: m.stats()["counters"]["bytes_requested"] >= first + len(DATA)), m.stats()
+        assert ".fastfs" not in os.listdir(mnt)
+
+
+def test_changed_source_file_is_seen_on_next_open(populated: Path, mnt: Path) -> None:
+    target = populated / "sub" / "note.txt"
+    with mounted(populated, mnt):
+        assert (mnt / "sub" / "note.txt").read_text() == "note\n"
+        target.write_text("a longer second version\n")
+        os.utime(target, ns=(1, 10**18))  # a different mtime whatever the clock granularity
+        assert (mnt / "sub" / "note.txt").read_text() == "a longer second version\n"
+        assert os.stat(mnt / "sub" / "note.txt").st_size == len("a longer second version\n")
+
+
+# -- systemd integration ----------------------------------------------------------------------------
+def test_notify_socket_gets_ready_status_and_stopping(populated: Path, mnt: Path, tmp_path: Path) -> None:
+    import socket
+
+    sock_path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(sock_path))
+        sock.settimeout(WAIT)
+        config = "stats:\n  status_interval: 0.5\n"
+        with mounted(populated, mnt, config_text=config, env={"NOTIFY_SOCKET": str(sock_path)}) as m:
+            messages = [sock.recv(4096).decode()]
+            assert messages[0] == "READY=1"
+            (mnt / "data.bin").read_bytes()
+            while not any(x.startswith("STATUS=") and "requested" in x for x in messages):
+                messages.append(sock.recv(4096).decode())
+            m.proc.send_signal(signal.SIGTERM)
+            while "STOPPING=1" not in messages:
+                messages.append(sock.recv(4096).decode())
+            assert m.proc.wait(timeout=WAIT) == 0
+        status = [x for x in messages if x.startswith("STATUS=")][-1]
+        assert "\n" not in status and "hit" in status
+
+
+def test_notify_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from fastfs.daemon.notify import notify
+
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    assert notify("READY=1") is False
+    name = f"@fastfs-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind("\0" + name[1:])
+        monkeypatch.setenv("NOTIFY_SOCKET", name)
+        assert notify("STATUS=abstract") is True
+        assert sock.recv(100) == b"STATUS=abstract"
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "nobody-listens"))
+    assert notify("READY=1") is False
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    import logging
+
+    saved = {}
+    for name in ("fastfs", "fuse"):
+        logger = logging.getLogger(name)
+        saved[name] = (list(logger.handlers), logger.propagate, logger.level)
+    yield
+    for name, (handlers, propagate, level) in saved.items():
+        logger = logging.getLogger(name)
+        logger.handlers = handlers
+        logger.propagate = propagate
+        logger.setLevel(level)
+
+
+def test_log_format_under_systemd(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, restore_logging: None
+) -> None:
+    import logging
+
+    from fastfs.daemon import logsetup
+
+    monkeypatch.setenv("INVOCATION_ID", "x")
+    logsetup.setup("info")
+    logging.getLogger("fastfs.test").warning("careful")
+    logging.getLogger("fastfs.test").debug("hidden")
+    monkeypatch.delenv("INVOCATION_ID")
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    logsetup.setup("debug")
+    logging.getLogger("fastfs.test").debug("shown")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "<4>careful"
+    assert len(err) == 2 and err[1].endswith("DEBUG shown") and err[1][:4].isdigit()
+
+
+def test_odd_paths_and_allow_other(tmp_path: Path) -> None:
+    src = tmp_path / "my src,1\\x"
+    mnt = tmp_path / "m nt"
+    src.mkdir()
+    mnt.mkdir()
+    (src / "f").write_bytes(DATA)
+    try:
+        result = run_cli("mount", src, mnt, "-o", "allow_other", "--log-file", tmp_path / "log", timeout=90)
+        assert result.returncode == 0, result.stderr
+        assert (mnt / "f").read_bytes() == DATA
+        with open("/proc/self/mountinfo") as f:
+            line = next(x for x in f if "fuse.fastfs" in x and "m\\040nt" in x)
+        assert "allow_other" in line and "default_permissions" in line
+        snap = json.loads(run_cli("stats", mnt, "--json").stdout)
+        assert snap["mount"]["source"] == str(src)
+        assert run_cli("umount", mnt).returncode == 0
+        assert not is_mounted(mnt)
+    finally:
+        force_unmount(mnt)
+
+
+def test_paths_from_config(populated: Path, mnt: Path, tmp_path: Path) -> None:
+    config = tmp_path / "fastfs.yaml"
+    config.write_text(f"source: {populated}\nmountpoint: {mnt}\nlog:\n  file: {tmp_path / 'log'}\n")
+    try:
+        result = run_cli("mount", "--config", config, timeout=90)
+        assert result.returncode == 0, result.stderr
+        assert (mnt / "data.bin").read_bytes() == DATA
+        assert "mounted" in (tmp_path / "log").read_text()
+        assert run_cli("umount", mnt).returncode == 0
+        assert not is_mounted(mnt)
+    finally:
+        force_unmount(mnt)
