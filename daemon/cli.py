@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prefetch PATHs (inside fastfs mounts) into the cache now.",
     )
     w.add_argument("paths", nargs="+", metavar="PATH")
-    w.add_argument("-j", "--jobs", type=int, default=4, metavar="N", help="files warmed in parallel (default 4)")
+    w.add_argument("-j", "--jobs", type=int, default=8, metavar="N", help="files warmed in parallel (default 8)")
 
     i = sub.add_parser(
         "install-service",
