@@ -103,6 +103,7 @@ class FileEntry:
     handles: int = 0
     range_plan: RangePlan | None = None
     probed: bool = False
+    mmap_seen: bool = False
 
 
 @dataclass
@@ -330,6 +331,10 @@ class Engine:
                 else:
                     in_plan = False
             sequential = plan.sequential or in_plan
+            if in_plan and not plan.sequential and not entry.mmap_seen:
+                # out-of-order reads inside a planned range: page faults of an mmap load
+                entry.mmap_seen = True
+                self.stats.add(m.MMAP_STREAMS)
             if plan.started:
                 self.stats.add(m.SEQ_STREAMS)
             if plan.reset:
