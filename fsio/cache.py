@@ -40,7 +40,20 @@ def round_up(n: int, granule: int = PAGE) -> int:
 class Block:
     """One cached range of a file version. ``length`` valid bytes live at the start of ``buf``."""
 
-    __slots__ = ("key", "buf", "view", "capacity", "length", "state", "errno", "done", "prefetched", "used", "pins")
+    __slots__ = (
+        "key",
+        "buf",
+        "view",
+        "capacity",
+        "length",
+        "state",
+        "errno",
+        "done",
+        "prefetched",
+        "used",
+        "pins",
+        "job",
+    )
 
     def __init__(self, key: tuple, buf: mmap.mmap | bytearray, capacity: int, prefetched: bool) -> None:
         self.key = key
@@ -54,6 +67,7 @@ class Block:
         self.prefetched = prefetched
         self.used = False
         self.pins = 0
+        self.job: object | None = None  # the queued fill, so a waiting reader can promote it
 
 
 class BlockCache:

@@ -392,8 +392,12 @@ class Engine:
                 continue
             try:
                 ready = block.state == READY
-                if not ready and not block.done.wait(timeout):
-                    self._timed_out(entry)
+                if not ready:
+                    job = block.job
+                    if job is not None and not job.demand:
+                        self.pool.promote(job)
+                    if not block.done.wait(timeout):
+                        self._timed_out(entry)
                 if block.state == FAILED:
                     got = self._read_direct(entry, pos, dest[pos - offset : stop - offset])
                     if got < stop - pos:
@@ -497,6 +501,7 @@ class Engine:
                 self.cache.unpin(block)
                 return None
             job = _FillJob(self, entry.path, src, block, start, length, demand)
+            block.job = job
             if demand:
                 self.pool.submit_demand(job)
             elif not self.pool.submit_prefetch(job):
@@ -914,4 +919,5 @@ class _FillJob:
         self.start, self.length, self.demand = start, length, demand
 
     def __call__(self) -> None:
+        self.block.job = None
         self.engine._fill(self.path, self.src, self.block, self.start, self.length, self.demand)

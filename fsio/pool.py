@@ -68,6 +68,20 @@ class PreadPool:
             self._general.notify()
             return True
 
+    def promote(self, job: Job) -> bool:
+        """Move a queued prefetch job to the demand queue (a reader now waits for it)."""
+        with self._lock:
+            try:
+                self._prefetch.remove(job)
+            except ValueError:
+                return False  # already running or done
+            self._demand.appendleft(job)
+            if self._idle_demand:
+                self._demand_cv.notify()
+            else:
+                self._general.notify()
+            return True
+
     def queued(self) -> tuple[int, int]:
         return len(self._demand), len(self._prefetch)
 
