@@ -1,0 +1,143 @@
+"""Format-aware prefetch planners: which byte ranges a loader will read, found from the file's own header.
+
+On open, the engine reads the first :data:`HEAD_BYTES` of a file and calls :func:`plan_for`. Each format
+module (``npy``, ``safetensors``, ``torchzip``, ``pickle_payloads``) recognises its file by magic bytes in the
+head (never by file name) and, when the header parses, returns a :class:`Plan`: the ranges the loader
+(``np.load``, ``safetensors.load_file``, ``torch.load``, ``pickle.load`` / ``paddle.load``) will read, in the
+order it reads them. The engine prefetches those ranges right away instead of waiting for a read pattern.
+
+Design:
+
+- Pure and defensive: no I/O of its own beyond the ``read_at`` callback, no threads, no clock. Input is
+  untrusted: every length and offset is bounds-checked against the file size, a file that does not parse
+  gives ``None`` and :func:`plan_for` never raises (a planner must never break an open).
+- Few round trips: all extra reads go through :class:`Reader`, which serves from the head and from earlier
+  reads and allows at most :data:`MAX_READS` calls of ``read_at`` per file; a parser that would need more
+  falls back to a coarser (still sound) plan.
+- Plans are normalised by :func:`normalize`: clipped to the file, empty ranges dropped, consecutive
+  ranges merged where adjacent or overlapping (order kept, since order is the loader's order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+HEAD_BYTES = 64 * 1024  # holds every npy header np.load accepts by default, most safetensors headers and
+# a torch.save data.pkl of a few hundred tensors, yet costs one modest read on every open
+MAX_READS = 2  # read_at calls allowed per file: each is a source round trip made while open() waits
+
+ReadAt = Callable[[int, int], bytes]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a loader will read from one file."""
+
+    format: str
+    """Short format name: ``npy``, ``safetensors``, ``torchzip`` or ``pickle``."""
+    ranges: tuple[tuple[int, int], ...]
+    """``(offset, length)`` pairs in the order the loader reads them; merged, clipped to the file, may be empty."""
+
+    @property
+    def total(self) -> int:
+        """Bytes planned."""
+        return sum(length for _, length in self.ranges)
+
+
+def _joins(earlier: tuple[int, int], later: tuple[int, int]) -> bool:
+    """True when ``later`` overlaps ``earlier`` or starts right where it ends (reading on is then one stream)."""
+    e_start, e_len = earlier
+    l_start, l_len = later
+    e_end, l_end = e_start + e_len, l_start + l_len
+    return (l_start < e_end and l_end > e_start) or l_start == e_end
+
+
+def normalize(ranges: Iterable[tuple[int, int]], size: int) -> tuple[tuple[int, int], ...]:
+    """Clip ranges to ``[0, size)``, drop empty ones, merge each into the previous when :func:`_joins` says so.
+
+    Order is kept (it is the loader's order), so a range that ends right where the previous one starts is
+    not merged. Idempotent.
+    """
+    out: list[tuple[int, int]] = []
+    for offset, length in ranges:
+        start = max(0, offset)
+        end = min(size, offset + length)
+        if end <= start:
+            continue
+        out.append((start, end - start))
+        while len(out) >= 2 and _joins(out[-2], out[-1]):
+            (a_start, a_len), (b_start, b_len) = out[-2], out.pop()
+            new_start = min(a_start, b_start)
+            out[-1] = (new_start, max(a_start + a_len, b_start + b_len) - new_start)
+    return tuple(out)
+
+
+class Reader:
+    """Bytes of one file from the head and a bounded number of ``read_at`` calls.
+
+    ``get`` serves a range from what is already held; otherwise, while the budget lasts, it makes one
+    ``read_at`` call (of ``want`` bytes when a caller knows it will need more than it asks for now).
+    Answers ``None`` when the range is outside the file, the budget is spent or the source read short.
+    """
+
+    def __init__(self, head: bytes, size: int, read_at: ReadAt, budget: int = MAX_READS) -> None:
+        self.size = size
+        self.calls = 0
+        self._budget = budget
+        self._read_at = read_at
+        self._chunks: list[tuple[int, bytes]] = [(0, bytes(head[:size]))]
+
+    @property
+    def spent(self) -> bool:
+        """True when no ``read_at`` call is left."""
+        return self.calls >= self._budget
+
+    def held(self, offset: int, length: int) -> bytes | None:
+        """The range if already held, without reading."""
+        if offset < 0 or length < 0 or offset + length > self.size:
+            return None
+        for start, data in self._chunks:
+            if start <= offset and offset + length <= start + len(data):
+                return data[offset - start : offset - start + length]
+        return None
+
+    def get(self, offset: int, length: int, want: int = 0) -> bytes | None:
+        """The range ``[offset, offset + length)``, read from the source (``max(length, want)`` bytes) if needed."""
+        data = self.held(offset, length)
+        if data is not None or offset < 0 or length < 0 or offset + length > self.size:
+            return data
+        if self.spent:
+            return None
+        count = min(max(length, want), self.size - offset)
+        self.calls += 1
+        got = self._read_at(offset, count)
+        got = bytes(got) if got is not None else b""
+        if len(got) < length:
+            return None
+        self._chunks.append((offset, got[:count]))
+        return got[:length]
+
+
+def plan_for(head: bytes, size: int, read_at: ReadAt) -> Plan | None:
+    """Plan of a file from its first bytes (``head``), its size and a reader of further bytes.
+
+    Detection is by content only. Returns ``None`` for an unknown format or a file that does not parse;
+    never raises. Calls ``read_at`` at most :data:`MAX_READS` times.
+    """
+    from fastfs.fsio.formats import npy, pickle_payloads, safetensors, torchzip
+
+    try:
+        if not isinstance(size, int) or size <= 0:
+            return None
+        head = bytes(head[:size])
+        for module in (npy, torchzip, pickle_payloads, safetensors):
+            if module.detect(head):
+                plan = module.plan(head, size, read_at)
+                if plan is None:
+                    return None
+                ranges = normalize(plan.ranges, size)
+                return plan if ranges == plan.ranges else Plan(plan.format, ranges)
+        return None
+    except Exception:  # untrusted input or a failing source read: no plan, never a failed open
+        return None
