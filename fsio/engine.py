@@ -557,9 +557,19 @@ class Engine:
         """Read the head (block 0, cached for the reader), parse it, queue the loader's ranges."""
         if entry.handles == 0:
             return
-        block = self._fetch_block(entry, 0, demand=True, keep_pin=True)
+        length = min(self.block_size, entry.size)
+        block, created = self.cache.reserve(entry.key, 0, length, prefetched=True)
         if block is None:
+            self.stats.add(m.BACKPRESSURE)
             return
+        if created:  # fill it here: this job already runs on a pool worker
+            try:
+                src = self._get_source(entry)
+            except OSError as e:
+                self.cache.fail(block, e.errno or errno.EIO)
+                self.cache.unpin(block)
+                return
+            self._fill(entry.path, src, block, 0, length, demand=False)
         try:
             if not block.done.wait(self.config.readahead.read_timeout or None) or block.state != READY:
                 return
@@ -843,6 +853,9 @@ class Engine:
             queued_prefetch=prefetch_q,
             pool_workers=self.pool.workers,
         )
+        if self.learn is not None:
+            accuracy = self.learn.accuracy()
+            gauges.update(learned_planned_files=accuracy["planned"], learned_accuracy=round(accuracy["ratio"], 4))
         self.stats.gauges = gauges
         return self.stats.snapshot(top)
 

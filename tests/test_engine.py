@@ -199,7 +199,7 @@ def test_pending_and_pinned_blocks_are_never_evicted():
 
 
 def test_in_flight_fetch_is_shared(data_dir, tmp_path):
-    engine = make_engine(data_dir, tmp_path)
+    engine = make_engine(data_dir, tmp_path, **{"readahead.formats": "false"})
     try:
         r = engine.open("/big")
         entry = engine._handles[r.fh]

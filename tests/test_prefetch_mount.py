@@ -1,0 +1,147 @@
+"""Read-ahead, stats and learning through real mounts: counters match what was read."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import numpy as np
+import pytest
+from conftest import evict_page_cache, mounted
+
+MIB = 1024 * 1024
+SMALL = 3073
+
+
+def counters(m) -> dict:
+    return m.stats()["counters"]
+
+
+def wait_for(predicate, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def read_file(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@pytest.fixture
+def big(src):
+    data = np.random.default_rng(5).bytes(24 * MIB + 123)
+    (src / "big.bin").write_bytes(data)
+    return data
+
+
+def test_counters_match_bytes_read_and_second_read_hits_cache(src, mnt, big):
+    with mounted(src, mnt) as m:
+        before = counters(m)
+        assert read_file(mnt / "big.bin") == big
+        after = counters(m)
+        assert after["bytes_requested"] - before["bytes_requested"] == len(big)
+        fetched = (after["bytes_fetched_demand"] + after["bytes_fetched_prefetch"]) - (
+            before["bytes_fetched_demand"] + before["bytes_fetched_prefetch"]
+        )
+        assert fetched >= len(big)
+        assert after["sequential_streams"] >= 1
+        # the kernel keeps its page cache: a second read makes no request at all
+        assert read_file(mnt / "big.bin") == big
+        assert counters(m)["bytes_requested"] == after["bytes_requested"]
+        # without the kernel's copy, the second read is served from fastfs's RAM cache
+        evict_page_cache(mnt / "big.bin")
+        hits_before = counters(m)["bytes_served_from_cache"]
+        assert read_file(mnt / "big.bin") == big
+        final = counters(m)
+        assert final["bytes_served_from_cache"] - hits_before == len(big)
+        assert final["bytes_fetched_demand"] + final["bytes_fetched_prefetch"] == fetched + (
+            before["bytes_fetched_demand"] + before["bytes_fetched_prefetch"]
+        )
+        snap = m.stats()
+        assert snap["derived"]["hit_ratio"] > 0
+        assert snap["gauges"]["cache_bytes"] <= snap["gauges"]["cache_budget"]
+
+
+def test_random_reads_through_mount_fetch_little(src, mnt, big):
+    with mounted(src, mnt, options=["readahead.formats=false"]) as m:
+        rng = random.Random(9)
+        fd = os.open(mnt / "big.bin", os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            for _ in range(300):
+                off = rng.randrange(1, len(big) // 4096) * 4096
+                assert os.pread(fd, 4096, off) == big[off : off + 4096]
+        finally:
+            os.close(fd)
+        c = counters(m)
+        fetched = c["bytes_fetched_demand"] + c["bytes_fetched_prefetch"]
+        assert fetched / c["bytes_requested"] <= 1.5
+
+
+def test_small_file_scan_prefetches_the_directory(src, mnt):
+    d = src / "images"
+    d.mkdir()
+    rng = np.random.default_rng(1)
+    files = {f"img{i:04d}.jpg": rng.bytes(SMALL) for i in range(300)}
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    with mounted(src, mnt) as m:
+        names = sorted(files)
+        for name in names[:3]:
+            assert read_file(mnt / "images" / name) == files[name]
+        assert wait_for(lambda: counters(m)["small_file_scan_files"] >= len(names) - 3)
+        before = counters(m)
+        for name in names[3:]:
+            assert read_file(mnt / "images" / name) == files[name]
+        after = counters(m)
+        assert after["small_file_scans"] == 1
+        assert after["bytes_served_from_cache"] - before["bytes_served_from_cache"] == SMALL * (len(names) - 3)
+        assert after["preads"] == before["preads"]  # nothing more from the source
+
+
+def test_npy_format_plan_through_mount(src, mnt):
+    arr = np.random.default_rng(2).standard_normal(3 * MIB // 8)
+    np.save(src / "w.npy", arr)
+    renamed = src / "weights.bin"
+    os.link(src / "w.npy", renamed)
+    with mounted(src, mnt) as m:
+        with open(mnt / "weights.bin", "rb") as f:  # detected by content, not by name
+            assert wait_for(lambda: counters(m)["format_plans"] == 1)
+            assert np.array_equal(np.load(f), arr)
+        c = counters(m)
+        fetched = c["bytes_fetched_demand"] + c["bytes_fetched_prefetch"]
+        assert os.path.getsize(renamed) <= fetched <= 1.2 * os.path.getsize(renamed)
+        assert c["bytes_prefetch_used"] >= 0.5 * os.path.getsize(renamed)
+
+
+def test_learned_set_is_replayed_after_remount(src, mnt, tmp_path):
+    d = src / "shards"
+    d.mkdir()
+    files = {f"s{i:03d}": os.urandom(SMALL) for i in range(60)}
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    state = tmp_path / "learned-state"
+    state.mkdir()
+    env = {"STATE_DIRECTORY": str(state)}
+    order = list(files)
+    random.Random(4).shuffle(order)
+    with mounted(src, mnt, env=env):
+        for name in order:
+            assert read_file(mnt / "shards" / name) == files[name]
+    assert any(p.name.startswith("learned-") for p in state.iterdir())
+    random.Random(5).shuffle(order)
+    with mounted(src, mnt, env=env) as m:
+        assert read_file(mnt / "shards" / order[0]) == files[order[0]]
+        assert wait_for(lambda: counters(m)["small_file_scan_files"] >= len(order) - 1)
+        c = counters(m)
+        assert c["learned_plans"] == 1
+        for name in order[1:]:
+            assert read_file(mnt / "shards" / name) == files[name]
+        c2 = counters(m)
+        assert c2["learned_files_used"] >= len(order) - 1
+        assert c2["preads"] == c["preads"]
