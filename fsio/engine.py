@@ -38,6 +38,7 @@ or while waiting for a block; the cache and pool document their own locks.
 
 from __future__ import annotations
 
+import _thread
 import errno
 import logging
 import os
@@ -206,7 +207,7 @@ class Engine:
             self._next_fh += 1
             self._handles[fh] = entry
         self.stats.add(m.OPENS)
-        self._after_open(path, entry)
+        self._after_open(path, entry, probe=not keep)
         return OpenResult(fh, keep)
 
     def _acquire_entry(self, path: str) -> tuple[FileEntry, bool]:
@@ -447,7 +448,8 @@ class Engine:
             return n
         bounce = bytearray(length)
         result: list = []
-        done = threading.Event()
+        done = _thread.allocate_lock()
+        done.acquire()
 
         def job() -> None:
             try:
@@ -456,10 +458,10 @@ class Engine:
                 result.append(e)
             finally:
                 self._put_source(src)
-                done.set()
+                done.release()
 
         self.pool.submit_demand(job)
-        if not done.wait(timeout):
+        if not done.acquire(timeout=timeout):
             self._timed_out(entry)
         outcome = result[0]
         if isinstance(outcome, OSError):
@@ -541,11 +543,12 @@ class Engine:
         self.cache.complete(block, n)
 
     # == after open: formats, scans, learning =======================================================
-    def _after_open(self, path: str, entry: FileEntry) -> None:
+    def _after_open(self, path: str, entry: FileEntry, probe: bool) -> None:
+        """Format probe (first open of a version: later opens find the kernel's cache) and scan bookkeeping."""
         ra = self.config.readahead
         if not ra.enabled:
             return
-        if ra.formats and not entry.probed and entry.size >= FORMAT_MIN_SIZE:
+        if probe and ra.formats and not entry.probed and entry.size >= FORMAT_MIN_SIZE:
             with entry.lock:
                 probe = not entry.probed
                 entry.probed = True
@@ -554,39 +557,23 @@ class Engine:
         self._scan_open(path, entry.size)
 
     def _probe_format(self, entry: FileEntry) -> None:
-        """Read the head (block 0, cached for the reader), parse it, queue the loader's ranges."""
+        """Read the head, parse it, queue the loader's ranges (runs on a pool worker)."""
         if entry.handles == 0:
             return
-        length = min(self.block_size, entry.size)
-        block, created = self.cache.reserve(entry.key, 0, length, prefetched=True)
-        if block is None:
-            self.stats.add(m.BACKPRESSURE)
-            return
-        if created:  # fill it here: this job already runs on a pool worker
-            try:
-                src = self._get_source(entry)
-            except OSError as e:
-                self.cache.fail(block, e.errno or errno.EIO)
-                self.cache.unpin(block)
-                return
-            self._fill(entry.path, src, block, 0, length, demand=False)
-        try:
-            if not block.done.wait(self.config.readahead.read_timeout or None) or block.state != READY:
-                return
-            head = bytes(block.view[: min(block.length, formats.HEAD_BYTES)])
-        finally:
-            self.cache.unpin(block)
 
         def read_at(offset: int, length: int) -> bytes:
             src = self._get_source(entry)
             try:
                 buf = bytearray(max(0, min(length, entry.size - offset)))
                 n = self._timed_pread(src, offset, memoryview(buf), entry.path)
+                self.stats.add(m.BYTES_FETCHED_PREFETCH, n)
                 return bytes(buf[:n])
             finally:
                 self._put_source(src)
 
         try:
+            # only the head: a file read at random must not pay for a whole block
+            head = read_at(0, formats.HEAD_BYTES)
             plan = formats.plan_for(head, entry.size, read_at)
         except OSError:
             return
@@ -733,8 +720,8 @@ class Engine:
             if item is not None and now - item[1] <= self._trust_seconds():
                 self._implicit.move_to_end(path)
                 return item[0]
-        entry, _ = self._acquire_entry(path)
-        self._after_open(path, entry)
+        entry, keep = self._acquire_entry(path)
+        self._after_open(path, entry, probe=not keep)
         old = None
         with self._lock:
             fh = self._next_fh
