@@ -333,7 +333,7 @@ class FastOps(Operations):
             raise FuseOSError(errno.ENOSYS)
         else:
             result = self.engine.open(path, flags)
-            fh, keep_cache, direct_io = result.fh, result.keep_cache, False
+            fh, keep_cache, direct_io = result.fh, result.keep_cache, result.direct_io
         if isinstance(fi, int):
             return fh
         fi.fh = fh

@@ -30,8 +30,8 @@ at most :data:`SCAN_LEAD_FILES` ahead of the reader. With learning on, the set o
 directory's readers opened is recorded and, on the next epoch or after a remount, a scan of that
 set starts on the first open.
 
-Concurrency: ``_lock`` guards ``_handles``, ``_entries``, ``_versions``, ``_implicit``, ``_meta``
-and source-file reference counts. Each :class:`FileEntry` has its own lock guarding its policy and
+Concurrency: ``_lock`` guards ``_handles``, ``_entries``, ``_versions``, ``_open_versions``,
+``_implicit``, ``_meta`` and source-file reference counts. Each :class:`FileEntry` has its own lock guarding its policy and
 range plan; each :class:`DirScan` its own lock guarding its scan state. No lock is held across I/O
 or while waiting for a block; the cache and pool document their own locks.
 """
@@ -77,6 +77,8 @@ MAX_META = 200_000
 MAX_VERSIONS = 100_000
 # Open-less readers (fuse.no_open) tracked; least recently used closed first.
 MAX_IMPLICIT = 256
+# Marker file key: the kernel may hold pages of another version of this path.
+STALE_VERSION = ("stale",)
 # Seconds between saves of the learned access sets.
 LEARN_SAVE_SECONDS = 30.0
 
@@ -89,6 +91,9 @@ class OpenResult:
     """Handle to pass to read_into/release (never 0)."""
     keep_cache: bool
     """True when the kernel may keep its page cache of this file (source unchanged since last open)."""
+    direct_io: bool = False
+    """True while another version of the same path is still open: the kernel shares one page cache
+    per path, so this handle bypasses it and the older handle keeps seeing only its own version."""
 
 
 @dataclass
@@ -148,6 +153,7 @@ class Engine:
         self._handles: dict[int, FileEntry] = {}
         self._entries: dict[tuple, FileEntry] = {}
         self._versions: OrderedDict[str, tuple] = OrderedDict()
+        self._open_versions: dict[str, int] = {}  # path -> file versions with open handles
         self._implicit: OrderedDict[str, tuple[FileEntry, float]] = OrderedDict()
         self._meta: OrderedDict[str, MetaEntry] = OrderedDict()
         self._dirs: OrderedDict[str, DirScan] = OrderedDict()
@@ -206,9 +212,10 @@ class Engine:
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = entry
+            direct = self._open_versions.get(path, 0) > 1
         self.stats.add(m.OPENS)
         self._after_open(path, entry, probe=not keep)
-        return OpenResult(fh, keep)
+        return OpenResult(fh, keep and not direct, direct)
 
     def _acquire_entry(self, path: str) -> tuple[FileEntry, bool]:
         """Revalidate the source (close-to-open) and return the shared entry of its version."""
@@ -225,6 +232,7 @@ class Engine:
             if entry is None:
                 entry = FileEntry(path, key, size, src, self._new_policy(size))
                 self._entries[key] = entry
+                self._open_versions[path] = self._open_versions.get(path, 0) + 1
                 src = None
             elif entry.src is None and src is not None:
                 entry.src, src = src, None
@@ -266,6 +274,15 @@ class Engine:
             if entry.handles == 0:
                 if self._entries.get(entry.key) is entry:
                     del self._entries[entry.key]
+                    left = self._open_versions.get(entry.path, 1) - 1
+                    if left > 0:
+                        self._open_versions[entry.path] = left
+                    else:
+                        self._open_versions.pop(entry.path, None)
+                    if entry.path in self._versions and self._versions[entry.path] != entry.key:
+                        # an older version's handle may have left its pages (and size) in the kernel's
+                        # cache: the next open treats the path as changed
+                        self._versions[entry.path] = STALE_VERSION
                 src, entry.src = entry.src, None
         if src is not None:
             self._put_source(src)

@@ -8,8 +8,11 @@ returned plan (subject to the cache budget) and reports back with :meth:`StreamP
 Streams. One file may be read by several streams at once (two processes, or one handle
 interleaving regions). A read continues a stream when it starts within ``slack`` of the stream's
 expected next offset; ``slack`` tolerates the kernel's own reordering of concurrent read-ahead
-requests (several FUSE threads deliver 1 MiB requests out of order). A stream is sequential after
-:data:`SEQ_MIN_HITS` continuing reads, or at once when it starts at offset 0 (the common "load the
+requests (several FUSE threads deliver 1 MiB requests out of order). Only reads within one request
+of the expected offset count as evidence of a sequential pattern; looser joins just keep the
+stream alive. A stream is sequential after
+:data:`SEQ_MIN_HITS` continuing reads covering at least :data:`SEQ_MIN_BYTES`, or at once when it
+starts at offset 0 (the common "load the
 whole file" case; the kernel makes the same bet). Its prefetch window starts at
 ``initial_window`` and doubles, up to ``max_window``, each time the previous plan was scheduled
 whole; a plan cut short by backpressure keeps the window. A read that continues no stream starts a
@@ -27,6 +30,10 @@ from dataclasses import dataclass, field
 
 # Continuing reads before a stream counts as sequential (two could be coincidence, three is a pattern).
 SEQ_MIN_HITS = 3
+# Bytes a stream must cover before it counts as sequential: one large random pread reaches us as
+# several contiguous requests (the kernel splits it and reads ahead up to 1 MiB), so a stream has to
+# outgrow what a single application read can span.
+SEQ_MIN_BYTES = 4 * 1024 * 1024
 # Out-of-order tolerance in units of the stream's request size (kernel read-ahead from 10 FUSE threads).
 REORDER_REQUESTS = 16
 # Cap on the tolerance so a slack computed from huge requests does not swallow real seeks.
@@ -45,6 +52,7 @@ class Stream:
     ident: int
     next_offset: int
     request_size: int
+    covered: int = 0
     hits: int = 0
     sequential: bool = False
     window: int = 0
@@ -94,9 +102,12 @@ class StreamPolicy:
             else:
                 new_random = True
         else:
-            stream.hits += 1
+            if abs(offset - stream.next_offset) <= max(stream.request_size, size):
+                # tight continuation is evidence; a looser join only keeps a reordered stream alive
+                stream.hits += 1
+                stream.covered += end - offset
             stream.request_size = max(stream.request_size, size)
-            if not stream.sequential and stream.hits >= SEQ_MIN_HITS:
+            if not stream.sequential and stream.hits >= SEQ_MIN_HITS and stream.covered >= SEQ_MIN_BYTES:
                 stream.sequential = True
                 started = True
         stream.last_use = self._clock
@@ -145,7 +156,7 @@ class StreamPolicy:
             victim = min(self.streams, key=lambda s: s.last_use)
             reset = victim.sequential
             self.streams.remove(victim)
-        stream = Stream(self._next_id, offset, size, hits=1)
+        stream = Stream(self._next_id, offset, size, covered=min(size, self.file_size - offset), hits=1)
         self._next_id += 1
         self.streams.append(stream)
         return stream, reset

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastfs.fsio.policy import MAX_STREAMS, SEQ_MIN_HITS, RangePlan, ScanPolicy, StreamPolicy
+from fastfs.fsio.policy import MAX_STREAMS, SEQ_MIN_BYTES, RangePlan, ScanPolicy, StreamPolicy
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -47,13 +48,30 @@ def test_window_does_not_grow_under_backpressure():
     assert p.streams[0].window == 8 * MIB
 
 
-def test_middle_of_file_needs_several_hits():
+def test_middle_of_file_needs_several_hits_and_bytes():
     p = policy()
     base = 100 * MIB
-    plans = [p.on_read(base + i * 128 * 1024, 128 * 1024) for i in range(SEQ_MIN_HITS)]
+    n = SEQ_MIN_BYTES // (128 * 1024)
+    plans = [p.on_read(base + i * 128 * 1024, 128 * 1024) for i in range(n)]
     assert not plans[0].sequential and plans[0].new_random
     assert all(not pl.prefetch for pl in plans[:-1])
     assert plans[-1].sequential and plans[-1].started and plans[-1].prefetch
+
+
+@pytest.mark.parametrize("size", [256 * 1024, 1024 * 1024, 2 * 1024 * 1024])
+def test_one_large_random_pread_split_by_the_kernel_is_not_sequential(size):
+    """The kernel delivers a large pread as contiguous 128K..1M requests: still random access."""
+    p = policy()
+    rng = random.Random(size)
+    prefetched = requested = 0
+    for _ in range(200):
+        base = rng.randrange(1, GIB // size - 1) * size
+        chunk = min(size, 1024 * 1024) // 2
+        for off in range(base, base + size, chunk):
+            plan = p.on_read(off, chunk)
+            requested += chunk
+            prefetched += sum(stop - start for start, stop in plan.prefetch)
+    assert prefetched <= 0.5 * requested
 
 
 def test_reordered_kernel_requests_stay_one_sequential_stream():
