@@ -31,9 +31,9 @@ directory's readers opened is recorded and, on the next epoch or after a remount
 set starts on the first open.
 
 Concurrency: ``_lock`` guards ``_handles``, ``_entries``, ``_versions``, ``_open_versions``,
-``_implicit``, ``_meta`` and source-file reference counts. Each :class:`FileEntry` has its own lock guarding its policy and
-range plan; each :class:`DirScan` its own lock guarding its scan state. No lock is held across I/O
-or while waiting for a block; the cache and pool document their own locks.
+``_implicit``, ``_meta`` and source-file reference counts. Each :class:`FileEntry` has its own lock
+guarding its policy and range plan; each :class:`DirScan` its own lock guarding its scan state. No
+lock is held across I/O or while waiting for a block; the cache and pool document their own locks.
 """
 
 from __future__ import annotations
