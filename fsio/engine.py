@@ -63,7 +63,9 @@ log = logging.getLogger(__name__)
 
 # Files at least this large get a format probe on first open (smaller ones are read whole anyway).
 FORMAT_MIN_SIZE = 1024 * 1024
-# How far ahead of the furthest read a format plan keeps its ranges in flight.
+# Bytes of a format plan released at open, before any read (directory, header, first tensors).
+FORMAT_INITIAL_LEAD = 16 * 1024 * 1024
+# How far ahead of the furthest read a format plan keeps its ranges in flight at most.
 FORMAT_LEAD = 256 * 1024 * 1024
 # Small files a scan keeps fetched ahead of the reader (bounds memory of huge directories).
 SCAN_LEAD_FILES = 4096
@@ -598,7 +600,9 @@ class Engine:
             return
         self.stats.add(m.FORMAT_PLANS)
         with entry.lock:
-            entry.range_plan = RangePlan(tuple(plan.ranges), max(FORMAT_LEAD, 2 * self.config.readahead.max_window))
+            entry.range_plan = RangePlan(
+                tuple(plan.ranges), FORMAT_INITIAL_LEAD, max(FORMAT_LEAD, 2 * self.config.readahead.max_window)
+            )
             ranges = entry.range_plan.advance()
         self._prefetch(entry, ranges)
 

@@ -21,7 +21,9 @@ Streams that are not sequential never prefetch: their reads are served exactly a
 
 Plans along ranges (:class:`RangePlan`) serve format-aware prefetch: the ranges a loader will
 read, in order, released ``lead`` bytes ahead of the furthest read, which also covers
-mmap-shaped loads whose page faults arrive out of order within those ranges.
+mmap-shaped loads whose page faults arrive out of order within those ranges. The lead starts
+small (a lazy loader that maps a file and touches one tensor must not pull the whole file) and
+doubles with every read inside the plan.
 """
 
 from __future__ import annotations
@@ -172,6 +174,9 @@ class RangePlan:
     ranges: tuple[tuple[int, int], ...]
     """(offset, length) in the order the loader reads them."""
     lead: int
+    """Bytes released ahead of the reader now; doubles with each read inside the plan."""
+    max_lead: int = 0
+    """Cap of ``lead`` (0: ``lead`` never grows)."""
     _released: int = 0  # bytes of the ranges (in plan order) already released
     _cursor: int = 0  # bytes of the ranges (in plan order) the reader has passed
 
@@ -190,6 +195,7 @@ class RangePlan:
                 pos += length
             else:
                 return []
+            self.lead = max(self.lead, min(self.max_lead, self.lead * 2))
         target = self._cursor + self.lead
         out: list[tuple[int, int]] = []
         pos = 0

@@ -188,3 +188,13 @@ def test_scan_policy_epoch():
     assert sp.epoch_over("n3", known=12)
     assert not sp.epoch_over("new", known=12)
     assert not ScanPolicy(trigger=3).epoch_over("n3", known=12)
+
+
+def test_range_plan_lead_starts_small_and_grows_with_reads():
+    plan = RangePlan(((0, 1024 * MIB),), lead=MIB, max_lead=8 * MIB)
+    assert plan.advance() == [(0, MIB)]
+    leads = []
+    for i in range(6):
+        plan.advance(i * MIB, (i + 1) * MIB)
+        leads.append(plan.lead)
+    assert leads == [2 * MIB, 4 * MIB, 8 * MIB, 8 * MIB, 8 * MIB, 8 * MIB]
