@@ -638,8 +638,9 @@ class Engine:
             if self.learn.record_open(dir_path, name, size):
                 learned = self.learn.plan(dir_path)
         if learned is not None:
+            names = self._stale_names(dir_path, learned.names)
             with ds.lock:
-                ds.queue.extend(n for n in learned.names if n not in ds.policy.opened)
+                ds.queue.extend(n for n in names if n not in ds.policy.opened)
                 ds.known = max(ds.known, len(learned.names))
             self._pump(dir_path, ds)
         if start:
@@ -655,12 +656,26 @@ class Engine:
             listing = self.source.listdir(dir_path)
         except OSError:
             return
+        known = len(listing)
+        listing = self._stale_names(dir_path, listing)
         with ds.lock:
-            ds.known = len(listing)
+            ds.known = max(ds.known, known)
             queued = set(ds.queue)
             plan = ds.policy.plan(listing)[: self.config.readahead.scan_max_files]
             ds.queue.extend(n for n in plan if n not in queued)
         self._pump(dir_path, ds)
+
+    def _stale_names(self, dir_path: str, names) -> list[str]:
+        """The names whose scan-fetched metadata is missing or expired (the rest need no fetch)."""
+        prefix = dir_path.rstrip("/") + "/"
+        deadline = time.monotonic() - self._trust_seconds()
+        meta = self._meta
+        out = []
+        for name in names:
+            entry = meta.get(prefix + name)
+            if entry is None or entry.fetched_at < deadline:
+                out.append(name)
+        return out
 
     def _pump(self, dir_path: str, ds: DirScan) -> None:
         """Keep up to SCAN_PARALLEL fetches in flight and SCAN_LEAD_FILES fetched ahead."""
