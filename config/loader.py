@@ -34,6 +34,7 @@ ALIASES = {
     "formats": "readahead.formats",
     "learn": "readahead.learn",
     "direct_io_source": "readahead.source_direct_io",
+    "source_streams": "readahead.source_streams",
     "read_timeout": "readahead.read_timeout",
     "entry_timeout": "fuse.entry_timeout",
     "attr_timeout": "fuse.attr_timeout",

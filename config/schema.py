@@ -103,6 +103,9 @@ class ReadaheadConfig:
     """Record per-directory access sets under state.dir and prefetch them on the next epoch or mount."""
     source_direct_io: bool = True
     """Read the source with O_DIRECT where supported (avoids double caching; falls back silently)."""
+    source_streams: int = 4
+    """Descriptors opened per large source file for block reads, used in turn: network filesystems
+    and object-store mounts serve each open handle as its own stream."""
     read_timeout: float = 120.0
     """Seconds a read may wait for the source before failing with EIO (0: wait forever)."""
 
@@ -117,6 +120,7 @@ class ReadaheadConfig:
         _check(2 <= self.scan_trigger <= 1000, "readahead.scan_trigger", "must be between 2 and 1000")
         _check(1 <= self.scan_max_files <= 10_000_000, "readahead.scan_max_files", "must be between 1 and 10000000")
         _check(0 <= self.read_timeout <= 86400, "readahead.read_timeout", "must be between 0 and 86400 seconds")
+        _check(1 <= self.source_streams <= 64, "readahead.source_streams", "must be between 1 and 64")
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")

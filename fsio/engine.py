@@ -147,7 +147,7 @@ class Engine:
         self.config = config or Config()
         self.stats = stats or m.Stats()
         ra = self.config.readahead
-        self.source = Source(source, direct=ra.source_direct_io)
+        self.source = Source(source, direct=ra.source_direct_io, streams=ra.source_streams)
         self.block_size = self.config.cache.block_size
         self.cache = BlockCache(self.config.cache.budget or default_budget(), self.block_size, self.stats)
         self.pool = PreadPool(self.config.cache.workers)
@@ -890,6 +890,7 @@ class Engine:
             "cache.block_size": (old.cache.block_size, config.cache.block_size),
             "cache.workers": (old.cache.workers, config.cache.workers),
             "readahead.source_direct_io": (old.readahead.source_direct_io, config.readahead.source_direct_io),
+            "readahead.source_streams": (old.readahead.source_streams, config.readahead.source_streams),
             "state.dir": (old.state.dir, config.state.dir),
             "stats.metrics": (old.stats.metrics, config.stats.metrics),
             "source": (old.source, config.source),
@@ -911,7 +912,11 @@ class Engine:
         live = dataclasses.replace(
             old,
             cache=dataclasses.replace(old.cache, budget=config.cache.budget),
-            readahead=dataclasses.replace(config.readahead, source_direct_io=old.readahead.source_direct_io),
+            readahead=dataclasses.replace(
+                config.readahead,
+                source_direct_io=old.readahead.source_direct_io,
+                source_streams=old.readahead.source_streams,
+            ),
             log=config.log,
             stats=dataclasses.replace(config.stats, metrics=old.stats.metrics),
             state=dataclasses.replace(config.state, dir=old.state.dir),

@@ -61,10 +61,11 @@ class Source:
     Thread-safe: holds only the immutable root descriptor.
     """
 
-    def __init__(self, root: str, direct: bool = True) -> None:
+    def __init__(self, root: str, direct: bool = True, streams: int = 1) -> None:
         self.root = os.path.realpath(root)
         self.root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.direct = direct and hasattr(os, "O_DIRECT")
+        self.streams = streams
 
     def close(self) -> None:
         if self.root_fd >= 0:
@@ -202,7 +203,7 @@ class Source:
             if not stat.S_ISREG(st.st_mode):
                 raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL, "not a regular file", path)
             os.set_blocking(fd, True)
-            return SourceFile(fd, st, self if self.direct else None, parts)
+            return SourceFile(fd, st, self, parts, self.streams)
         except BaseException:
             os.close(fd)
             raise
@@ -236,58 +237,88 @@ def cached_share(fd: int, size: int) -> float | None:
 
 
 class SourceFile:
-    """An open source file: a buffered descriptor plus, opened on first need, an O_DIRECT one.
+    """An open source file: the descriptor it was opened with, plus block-read streams.
+
+    Block reads (whole, aligned cache blocks) rotate over up to ``max_streams`` descriptors opened
+    on first need, with ``O_DIRECT`` when the source supports it and does not already hold the file
+    in its page cache: network filesystems and object-store mounts serve each open handle as its
+    own stream, so parallel block reads on several handles are not limited to one stream's
+    bandwidth. Other reads use the first descriptor, buffered.
 
     Reference counted by the engine (shared between handles of the same version and in-flight
     fetches); closed when the last user releases it. ``refs`` is guarded by the engine's lock;
-    ``dfd`` is set once under ``_direct_lock``.
+    ``_streams`` and ``_direct`` are changed under ``_direct_lock``.
     """
 
-    __slots__ = ("fd", "dfd", "st", "key", "size", "refs", "_source", "_parts")
+    __slots__ = ("fd", "st", "key", "size", "refs", "_source", "_parts", "_streams", "_direct", "_max", "_rr")
 
-    def __init__(self, fd: int, st: os.stat_result, source: Source | None, parts: list[str]) -> None:
+    def __init__(
+        self, fd: int, st: os.stat_result, source: Source | None, parts: list[str], max_streams: int = 1
+    ) -> None:
         self.fd = fd
-        self.dfd: int | None = None if source is not None and st.st_size >= DIRECT_MIN_SIZE else -1
         self.st = st
         self.key = stat_key(st)
         self.size = st.st_size
         self.refs = 1
         self._source = source
         self._parts = parts
+        self._streams: list[int] = []
+        eligible = source is not None and st.st_size >= DIRECT_MIN_SIZE
+        self._direct: bool | None = None if eligible and source.direct else False
+        self._max = max_streams if eligible else 0
+        self._rr = 0
 
-    def _direct_fd(self) -> int:
-        if self.dfd is not None:
-            return self.dfd
-        share = cached_share(self.fd, self.size)
-        dfd = -1
-        if share is None or share < CACHED_SHARE:
+    def _stream_fd(self) -> tuple[int, bool]:
+        """A block-read descriptor and whether it is O_DIRECT (opens another stream while below the cap)."""
+        if self._max == 0:
+            return self.fd, False
+        if self._direct is None:
+            share = cached_share(self.fd, self.size)
+            with _direct_lock:
+                if self._direct is None:
+                    self._direct = share is None or share < CACHED_SHARE
+        if len(self._streams) < self._max:
+            direct = self._direct
+            flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
             try:
-                dfd = self._source.open_rel(self._parts, os.O_RDONLY | os.O_DIRECT)
-                if os.fstat(dfd).st_ino != self.st.st_ino:
-                    os.close(dfd)
-                    dfd = -1
+                fd = self._source.open_rel(self._parts, flags)
+                if os.fstat(fd).st_ino != self.st.st_ino:
+                    os.close(fd)
+                    fd = -1
             except OSError:
-                dfd = -1
-        with _direct_lock:
-            if self.dfd is None and self.fd >= 0:
-                self.dfd, dfd = dfd, -1
-        if dfd >= 0:
-            os.close(dfd)  # another thread won the race
-        return self.dfd if self.dfd is not None else -1
+                fd = -1
+            with _direct_lock:
+                if fd >= 0 and self.fd >= 0 and len(self._streams) < self._max and direct == self._direct:
+                    self._streams.append(fd)
+                    fd = -1
+                elif fd < 0:
+                    if direct and not self._streams:
+                        self._direct = False  # O_DIRECT unsupported here (tmpfs): buffered streams
+                    else:
+                        self._max = len(self._streams)  # cannot open more: keep what we have
+            if fd >= 0:
+                os.close(fd)
+        streams = self._streams
+        if not streams:
+            return self.fd, False
+        self._rr += 1
+        return streams[self._rr % len(streams)], bool(self._direct)
 
     def read_into(self, offset: int, view: memoryview, aligned: bool = False) -> int:
         """Fill *view* from *offset* (loops over short reads, EINTR retried by Python); returns bytes read.
 
-        With *aligned* (buffer address and length multiples of DIRECT_ALIGN) the O_DIRECT descriptor
-        is used when there is one; a failure of O_DIRECT (EINVAL on odd filesystems) falls back.
+        *aligned* marks a block read (buffer address and length multiples of DIRECT_ALIGN): it goes
+        to one of the block-read streams; an O_DIRECT failure (EINVAL) finishes buffered.
         """
         total = 0
         want = len(view)
-        dfd = self._direct_fd() if aligned and offset % DIRECT_ALIGN == 0 and len(view) % DIRECT_ALIGN == 0 else -1
-        if dfd >= 0:
+        fd, direct = self.fd, False
+        if aligned and offset % DIRECT_ALIGN == 0 and want % DIRECT_ALIGN == 0:
+            fd, direct = self._stream_fd()
+        if direct:
             try:
                 while total < want:
-                    n = os.preadv(dfd, [view[total:]], offset + total)
+                    n = os.preadv(fd, [view[total:]], offset + total)
                     if n <= 0:
                         return total
                     total += n
@@ -296,9 +327,10 @@ class SourceFile:
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
-                total = 0  # odd filesystem: finish buffered (the descriptor is closed with the file)
+                total = 0
+            fd = self.fd
         while total < want:
-            n = os.preadv(self.fd, [view[total:]], offset + total)
+            n = os.preadv(fd, [view[total:]], offset + total)
             if n <= 0:
                 break
             total += n
@@ -306,8 +338,10 @@ class SourceFile:
 
     def close(self) -> None:
         with _direct_lock:
-            fds = (self.fd, self.dfd)
-            self.fd = self.dfd = -1
+            fds = [self.fd, *self._streams]
+            self.fd = -1
+            self._streams = []
+            self._max = 0
         for fd in fds:
-            if fd is not None and fd >= 0:
+            if fd >= 0:
                 os.close(fd)
