@@ -345,13 +345,12 @@ class Engine:
             with entry.lock:
                 plan = entry.policy.on_read(offset, end - offset)
                 ranges = list(plan.prefetch)
-                if entry.range_plan is not None:
-                    in_plan = entry.range_plan.contains(offset)
+                planned = entry.range_plan is not None and entry.range_plan.contains(offset)
+                if planned:
                     ranges += entry.range_plan.advance(offset, end)
-                else:
-                    in_plan = False
+                in_plan = planned and not entry.range_plan.jumped
             sequential = plan.sequential or in_plan
-            if in_plan and not plan.sequential and not entry.mmap_seen:
+            if planned and not plan.sequential and not entry.mmap_seen:
                 # out-of-order reads inside a planned range: page faults of an mmap load
                 entry.mmap_seen = True
                 self.stats.add(m.MMAP_STREAMS)

@@ -42,6 +42,9 @@ REORDER_REQUESTS = 16
 MAX_SLACK = 16 * 1024 * 1024
 # Streams tracked per file version (several processes or regions read one file at once).
 MAX_STREAMS = 8
+# Bytes of a format plan released around a read that jumps past the released region (one
+# kernel read-around of an mmap page fault).
+JUMP_LEAD = 1024 * 1024
 # A read within this distance ahead of a stream's prefetched end triggers the next plan
 # (asynchronous read-ahead, like the kernel's PG_readahead mark), as a fraction of the window.
 TRIGGER_FRACTION = 0.5
@@ -95,6 +98,7 @@ class StreamPolicy:
         end = min(offset + size, self.file_size)
         stream = self._match(offset)
         started = reset = new_random = False
+        tight = True
         if stream is None:
             stream, reset = self._new_stream(offset, size)
             if offset == 0:
@@ -104,8 +108,10 @@ class StreamPolicy:
             else:
                 new_random = True
         else:
-            if abs(offset - stream.next_offset) <= max(stream.request_size, size):
-                # tight continuation is evidence; a looser join only keeps a reordered stream alive
+            # a tight continuation is evidence and may plan more; a looser join only keeps a
+            # reordered stream alive (strided reads, one page per tensor, never pull the file)
+            tight = abs(offset - stream.next_offset) <= max(stream.request_size, size)
+            if tight:
                 stream.hits += 1
                 stream.covered += end - offset
             stream.request_size = max(stream.request_size, size)
@@ -115,7 +121,7 @@ class StreamPolicy:
         stream.last_use = self._clock
         stream.next_offset = max(stream.next_offset, end)
         prefetch: tuple[tuple[int, int], ...] = ()
-        if stream.sequential:
+        if stream.sequential and tight:
             if stream.window == 0:
                 stream.window = self.initial_window
             stream.prefetched_to = max(stream.prefetched_to, offset)
@@ -125,7 +131,7 @@ class StreamPolicy:
                 stop = min(self.file_size, end + stream.window)
                 if stop > start:
                     prefetch = ((start, stop),)
-        return ReadPlan(stream.ident, stream.sequential, prefetch, started, reset, new_random)
+        return ReadPlan(stream.ident, stream.sequential and tight, prefetch, started, reset, new_random)
 
     def scheduled(self, stream_id: int, upto: int, complete: bool) -> None:
         """The engine scheduled the plan up to ``upto``; ``complete`` when nothing was declined."""
@@ -168,45 +174,72 @@ class StreamPolicy:
 class RangePlan:
     """Ranges a loader will read, in order, released ``lead`` bytes ahead of the furthest read.
 
+    Positions are counted in *plan order* (bytes of the ranges, one after the other). A read inside
+    the released region is a prefetch hit: the watermark moves to ``furthest read + lead`` and the
+    lead doubles (up to ``max_lead``). A read past the watermark is a jump (an mmap user touching a
+    tensor far ahead, or a lazy loader reading one header per tensor): only :data:`JUMP_LEAD` bytes
+    around it are released and the skipped gap is left to the stream policy, so a loader that
+    touches little never pulls the whole file.
+
     Not thread-safe; the engine calls it under the file's lock.
     """
 
     ranges: tuple[tuple[int, int], ...]
     """(offset, length) in the order the loader reads them."""
     lead: int
-    """Bytes released ahead of the reader now; doubles with each read inside the plan."""
+    """Bytes released ahead of the reader now; doubles with each read that hits released bytes."""
     max_lead: int = 0
     """Cap of ``lead`` (0: ``lead`` never grows)."""
-    _released: int = 0  # bytes of the ranges (in plan order) already released
-    _cursor: int = 0  # bytes of the ranges (in plan order) the reader has passed
+    _released: int = 0  # plan position up to which bytes were released
+    _cursor: int = 0  # furthest plan position read
+    jumped: bool = False
+    """The last read was a jump past the released region (serve it exactly, not by whole blocks)."""
 
     @property
     def total(self) -> int:
         return sum(length for _, length in self.ranges)
 
-    def advance(self, offset: int = -1, end: int = 0) -> list[tuple[int, int]]:
-        """A read of [offset, end) happened (offset -1: the initial call); returns newly due (start, stop)."""
-        if offset >= 0:
-            pos = 0
-            for start, length in self.ranges:
-                if start <= offset < start + length:
-                    self._cursor = max(self._cursor, pos + min(end, start + length) - start)
-                    break
-                pos += length
-            else:
-                return []
-            self.lead = max(self.lead, min(self.max_lead, self.lead * 2))
-        target = self._cursor + self.lead
-        out: list[tuple[int, int]] = []
+    def _position(self, offset: int) -> tuple[int, int] | None:
+        """(plan position of offset, plan position where its range ends) or None outside the plan."""
         pos = 0
         for start, length in self.ranges:
-            lo, hi = max(pos, self._released), min(pos + length, target)
-            if hi > lo:
-                out.append((start + lo - pos, start + hi - pos))
+            if start <= offset < start + length:
+                return pos + offset - start, pos + length
             pos += length
-            if pos >= target:
+        return None
+
+    def advance(self, offset: int = -1, end: int = 0) -> list[tuple[int, int]]:
+        """A read of [offset, end) happened (offset -1: the initial call); returns newly due (start, stop)."""
+        if offset < 0:
+            return self._release(self._released, self.lead)
+        where = self._position(offset)
+        if where is None:
+            return []
+        position, range_end = where
+        stop = min(range_end, position + max(0, end - offset))
+        self.jumped = position > self._released
+        if self.jumped:  # release a little around it, leave the gap
+            self._cursor = max(self._cursor, stop)
+            return self._release(position, JUMP_LEAD)
+        self._cursor = max(self._cursor, stop)
+        self.lead = max(self.lead, min(self.max_lead, self.lead * 2))
+        return self._release(self._released, self._cursor + self.lead - self._released)
+
+    def _release(self, start: int, length: int) -> list[tuple[int, int]]:
+        """Release plan positions [start, start + length) not released yet; returns file ranges."""
+        lo_target, hi_target = max(start, 0), start + length
+        if start < self._released:
+            lo_target = self._released
+        out: list[tuple[int, int]] = []
+        pos = 0
+        for file_start, n in self.ranges:
+            lo, hi = max(pos, lo_target), min(pos + n, hi_target)
+            if hi > lo:
+                out.append((file_start + lo - pos, file_start + hi - pos))
+            pos += n
+            if pos >= hi_target:
                 break
-        self._released = max(self._released, min(target, pos))
+        self._released = max(self._released, min(hi_target, pos))
         return out
 
     def contains(self, offset: int) -> bool:
