@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 # Files at least this large get a format probe on first open (smaller ones are read whole anyway).
 FORMAT_MIN_SIZE = 1024 * 1024
 # Bytes of a format plan released at open, before any read (directory, header, first tensors).
-FORMAT_INITIAL_LEAD = 16 * 1024 * 1024
+FORMAT_INITIAL_LEAD = 64 * 1024 * 1024
 # How far ahead of the furthest read a format plan keeps its ranges in flight at most.
 FORMAT_LEAD = 256 * 1024 * 1024
 # Small files a scan keeps fetched ahead of the reader (bounds memory of huge directories).
@@ -348,8 +348,9 @@ class Engine:
                 planned = entry.range_plan is not None and entry.range_plan.contains(offset)
                 if planned:
                     ranges += entry.range_plan.advance(offset, end)
-                in_plan = planned and not entry.range_plan.jumped
-            sequential = plan.sequential or in_plan
+            # whole blocks at demand priority only for a tight sequential stream; other reads in a
+            # planned range are served exactly while the plan's prefetch brings the blocks in order
+            sequential = plan.sequential
             if planned and not plan.sequential and not entry.mmap_seen:
                 # out-of-order reads inside a planned range: page faults of an mmap load
                 entry.mmap_seen = True

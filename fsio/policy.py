@@ -192,8 +192,6 @@ class RangePlan:
     """Cap of ``lead`` (0: ``lead`` never grows)."""
     _released: int = 0  # plan position up to which bytes were released
     _cursor: int = 0  # furthest plan position read
-    jumped: bool = False
-    """The last read was a jump past the released region (serve it exactly, not by whole blocks)."""
 
     @property
     def total(self) -> int:
@@ -217,8 +215,7 @@ class RangePlan:
             return []
         position, range_end = where
         stop = min(range_end, position + max(0, end - offset))
-        self.jumped = position > self._released
-        if self.jumped:  # release a little around it, leave the gap
+        if position > self._released:  # a jump: release a little around it, leave the gap
             self._cursor = max(self._cursor, stop)
             return self._release(position, JUMP_LEAD)
         self._cursor = max(self._cursor, stop)
