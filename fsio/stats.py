@@ -78,6 +78,12 @@ LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5
 MAX_TRACKED_FILES = 4096
 
 _SIZE_KEYS = tuple(f"size_le_{b}" for b in REQUEST_SIZE_BUCKETS) + ("size_gt_1048576",)
+# Bucket key by (size - 1).bit_length(): the bounds are powers of two, so no search per request.
+_SIZE_BY_BITS = tuple(
+    _SIZE_KEYS[bisect.bisect_left(REQUEST_SIZE_BUCKETS, 1 << bits)]
+    for bits in range(REQUEST_SIZE_BUCKETS[-1].bit_length())
+)
+_get_ident = threading.get_ident
 _LAT_KEYS = tuple(f"lat_le_{b}" for b in LATENCY_BUCKETS) + ("lat_inf",)
 
 
@@ -95,13 +101,13 @@ class Stats:
         self.enabled = True
 
     def _shard(self) -> dict[str, float]:
-        ident = threading.get_ident()
-        shard = self._shards.get(ident)
-        if shard is None:
-            shard = dict.fromkeys(COUNTERS + _SIZE_KEYS + _LAT_KEYS, 0)
-            shard["lat_sum"] = 0.0
-            with self._lock:
-                self._shards[ident] = shard
+        return self._shards.get(_get_ident()) or self._new_shard()
+
+    def _new_shard(self) -> dict[str, float]:
+        shard = dict.fromkeys(COUNTERS + _SIZE_KEYS + _LAT_KEYS, 0)
+        shard["lat_sum"] = 0.0
+        with self._lock:
+            self._shards[_get_ident()] = shard
         return shard
 
     def add(self, name: str, value: int = 1) -> None:
@@ -113,11 +119,12 @@ class Stats:
         """One application read that delivered *size* bytes, *served_from_cache* of them from RAM blocks."""
         if not self.enabled:
             return
-        shard = self._shard()
+        shard = self._shards.get(_get_ident()) or self._new_shard()
         shard[READ_REQUESTS] += 1
         shard[BYTES_REQUESTED] += size
         shard[BYTES_SERVED_CACHE] += served_from_cache
-        shard[_SIZE_KEYS[bisect.bisect_left(REQUEST_SIZE_BUCKETS, size)]] += 1
+        bits = (size - 1).bit_length() if size > 0 else 0
+        shard[_SIZE_BY_BITS[bits] if bits < len(_SIZE_BY_BITS) else _SIZE_KEYS[-1]] += 1
 
     def pread(self, seconds: float) -> None:
         """One source pread that took *seconds*."""
