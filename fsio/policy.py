@@ -175,11 +175,11 @@ class RangePlan:
     """Ranges a loader will read, in order, released ``lead`` bytes ahead of the furthest read.
 
     Positions are counted in *plan order* (bytes of the ranges, one after the other). A read inside
-    the released region is a prefetch hit: the watermark moves to ``furthest read + lead`` and the
-    lead doubles (up to ``max_lead``). A read past the watermark is a jump (an mmap user touching a
-    tensor far ahead, or a lazy loader reading one header per tensor): only :data:`JUMP_LEAD` bytes
-    around it are released and the skipped gap is left to the stream policy, so a loader that
-    touches little never pulls the whole file.
+    the released region is a prefetch hit: the watermark moves to ``furthest read + lead``, and the
+    lead doubles (up to ``max_lead``) each time the reader has consumed half of it. A read past the
+    watermark is a jump (an mmap user touching a tensor far ahead, or a lazy loader reading one
+    header per tensor): only :data:`JUMP_LEAD` bytes around it are released and the skipped gap is
+    left to the stream policy, so a loader that touches little does not pull the whole file.
 
     Not thread-safe; the engine calls it under the file's lock.
     """
@@ -187,11 +187,12 @@ class RangePlan:
     ranges: tuple[tuple[int, int], ...]
     """(offset, length) in the order the loader reads them."""
     lead: int
-    """Bytes released ahead of the reader now; doubles with each read that hits released bytes."""
+    """Bytes released ahead of the reader now; doubles each time the reader consumed half of it."""
     max_lead: int = 0
     """Cap of ``lead`` (0: ``lead`` never grows)."""
     _released: int = 0  # plan position up to which bytes were released
     _cursor: int = 0  # furthest plan position read
+    _grown_at: int = 0  # cursor when the lead last doubled
 
     @property
     def total(self) -> int:
@@ -219,7 +220,9 @@ class RangePlan:
             self._cursor = max(self._cursor, stop)
             return self._release(position, JUMP_LEAD)
         self._cursor = max(self._cursor, stop)
-        self.lead = max(self.lead, min(self.max_lead, self.lead * 2))
+        if self._cursor - self._grown_at >= self.lead // 2:  # the reader consumed half a lead: grow
+            self.lead = max(self.lead, min(self.max_lead, self.lead * 2))
+            self._grown_at = self._cursor
         return self._release(self._released, self._cursor + self.lead - self._released)
 
     def _release(self, start: int, length: int) -> list[tuple[int, int]]:

@@ -194,7 +194,8 @@ def test_range_plan_lead_starts_small_and_grows_with_reads():
     plan = RangePlan(((0, 1024 * MIB),), lead=MIB, max_lead=8 * MIB)
     assert plan.advance() == [(0, MIB)]
     leads = []
-    for i in range(6):
-        plan.advance(i * MIB, (i + 1) * MIB)
-        leads.append(plan.lead)
-    assert leads == [2 * MIB, 4 * MIB, 8 * MIB, 8 * MIB, 8 * MIB, 8 * MIB]
+    for i in range(16):
+        plan.advance(i * MIB // 2, (i + 1) * MIB // 2)
+        leads.append(plan.lead // MIB)
+    # the lead doubles once the reader consumed half of it
+    assert leads == [2, 2, 4, 4, 4, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8]
