@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 # Files at least this large get a format probe on first open (smaller ones are read whole anyway).
 FORMAT_MIN_SIZE = 1024 * 1024
 # Bytes of a format plan released at open, before any read (directory, header, first tensors).
-FORMAT_INITIAL_LEAD = 64 * 1024 * 1024
+FORMAT_INITIAL_LEAD = 16 * 1024 * 1024
 # How far ahead of the furthest read a format plan keeps its ranges in flight at most.
 FORMAT_LEAD = 256 * 1024 * 1024
 # Small files a scan keeps fetched ahead of the reader (bounds memory of huge directories).

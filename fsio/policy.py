@@ -176,7 +176,8 @@ class RangePlan:
 
     Positions are counted in *plan order* (bytes of the ranges, one after the other). A read inside
     the released region is a prefetch hit: the watermark moves to ``furthest read + lead``, and the
-    lead doubles (up to ``max_lead``) each time the reader has consumed half of it. A read past the
+    lead doubles (up to ``max_lead``) each time the reader has read half of it (bytes read, not
+    the distance it skipped). A read past the
     watermark is a jump (an mmap user touching a tensor far ahead, or a lazy loader reading one
     header per tensor): only :data:`JUMP_LEAD` bytes around it are released and the skipped gap is
     left to the stream policy, so a loader that touches little does not pull the whole file.
@@ -192,7 +193,7 @@ class RangePlan:
     """Cap of ``lead`` (0: ``lead`` never grows)."""
     _released: int = 0  # plan position up to which bytes were released
     _cursor: int = 0  # furthest plan position read
-    _grown_at: int = 0  # cursor when the lead last doubled
+    _consumed: int = 0  # bytes read inside released ranges since the lead last doubled
 
     @property
     def total(self) -> int:
@@ -220,9 +221,10 @@ class RangePlan:
             self._cursor = max(self._cursor, stop)
             return self._release(position, JUMP_LEAD)
         self._cursor = max(self._cursor, stop)
-        if self._cursor - self._grown_at >= self.lead // 2:  # the reader consumed half a lead: grow
+        self._consumed += stop - position
+        if self._consumed >= self.lead // 2:  # the reader read half a lead's worth: grow
             self.lead = max(self.lead, min(self.max_lead, self.lead * 2))
-            self._grown_at = self._cursor
+            self._consumed = 0
         return self._release(self._released, self._cursor + self.lead - self._released)
 
     def _release(self, start: int, length: int) -> list[tuple[int, int]]:
