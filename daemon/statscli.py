@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 STATS_RELPATH = os.path.join(".fastfs", "stats")
+STATS_XATTR = "user.fastfs.stats"
 # Seconds between --watch lines when no interval is given.
 DEFAULT_WATCH_INTERVAL = 1.0
 # Smallest --watch interval accepted (reading the snapshot is cheap, printing faster is noise).
@@ -140,8 +141,15 @@ def read_snapshot(mountpoint: str) -> dict[str, Any]:
         raise StatsError(f"{mountpoint} is not a fastfs mount")
     path = os.path.join(mountpoint, STATS_RELPATH)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        # the xattr is one consistent snapshot in every mode (with fuse.no_open there is no open
+        # to take the file's snapshot at); the file is the fallback
+        try:
+            data = os.getxattr(mountpoint, STATS_XATTR)
+        except OSError as e:
+            if e.errno == errno.ENOTCONN:
+                raise
+            with open(path, "rb") as f:
+                data = f.read()
     except OSError as e:
         if e.errno == errno.ENOTCONN:
             hint = f"run: fastfs umount {mountpoint}"

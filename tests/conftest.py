@@ -105,9 +105,9 @@ class Mount:
     pid: int
 
     def stats(self) -> dict:
-        """The JSON snapshot of MNT/.fastfs/stats."""
-        with open(self.mnt / ".fastfs" / "stats", "rb") as f:
-            return json.loads(f.read())
+        """A JSON snapshot of the mount's stats (the root's ``user.fastfs.stats`` xattr: consistent
+        in every mode; MNT/.fastfs/stats holds the same document)."""
+        return json.loads(os.getxattr(self.mnt, "user.fastfs.stats"))
 
     def log(self) -> str:
         """The daemon's log so far."""
