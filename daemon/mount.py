@@ -71,7 +71,7 @@ class MountEntry:
     source: str
 
 
-def _unescape(field: str) -> str:
+def unescape_field(field: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as octal ``\\NNN``."""
     if "\\" not in field:
         return field
@@ -96,7 +96,7 @@ def mounts(mountinfo: str = MOUNTINFO) -> list[MountEntry]:
             tail = right.split()
             if not sep or len(fields) < 5 or len(tail) < 2:
                 continue
-            entries.append(MountEntry(fields[2], _unescape(fields[4]), tail[0], _unescape(tail[1])))
+            entries.append(MountEntry(fields[2], unescape_field(fields[4]), tail[0], unescape_field(tail[1])))
     return entries
 
 

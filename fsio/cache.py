@@ -124,19 +124,7 @@ class BlockCache:
             if capacity == self.block_size and self._free:
                 buf = self._free.pop()  # already charged
             else:
-                while self.reserved + capacity > self.budget:
-                    if self._free:
-                        self.reserved -= self.block_size
-                        self._free.pop().close()
-                        continue
-                    victim = self._victim()
-                    if victim is None:
-                        break
-                    evicted.append(victim)
-                    reuse = self._drop(victim, keep_buffer=capacity == self.block_size)
-                    if reuse is not None:
-                        buf = reuse
-                        break
+                buf = self._make_room(capacity, evicted, reuse=capacity == self.block_size)
                 if buf is None:
                     if self.reserved + capacity > self.budget:
                         self._account_evictions(evicted)
@@ -154,6 +142,26 @@ class BlockCache:
             self.stats.add(m.EVICTIONS)
             if victim.prefetched and not victim.used and victim.state == READY:
                 self.stats.add(m.BYTES_PREFETCH_WASTED, victim.length)
+
+    def _make_room(self, capacity: int, evicted: list[Block], reuse: bool) -> mmap.mmap | None:
+        """Release free buffers, then evict (lock held), until ``capacity`` more bytes fit the budget.
+
+        With ``reuse`` the first evicted block-size buffer is handed back instead of being released
+        (still charged); evicted blocks are appended to ``evicted`` for accounting outside the lock.
+        """
+        while self.reserved + capacity > self.budget:
+            if self._free:
+                self.reserved -= self.block_size
+                self._free.pop().close()
+                continue
+            victim = self._victim()
+            if victim is None:
+                return None
+            evicted.append(victim)
+            buf = self._drop(victim, keep_buffer=reuse)
+            if buf is not None:
+                return buf
+        return None
 
     def _victim(self) -> Block | None:
         for key in self._consumed:
@@ -229,16 +237,7 @@ class BlockCache:
         evicted: list[Block] = []
         with self._lock:
             self.budget = budget
-            while self.reserved > self.budget:
-                if self._free:
-                    self.reserved -= self.block_size
-                    self._free.pop().close()
-                    continue
-                victim = self._victim()
-                if victim is None:
-                    break
-                evicted.append(victim)
-                self._drop(victim, keep_buffer=False)
+            self._make_room(0, evicted, reuse=False)
         self._account_evictions(evicted)
 
     def has_room(self, size: int) -> bool:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from fastfs.daemon.mount import unescape_field
+
 FASTFS = [sys.executable, "-m", "fastfs"]
 # Seconds a daemon gets to exit after SIGTERM before it is unmounted and killed.
 STOP_TIMEOUT = 20.0
@@ -53,18 +55,6 @@ def run_cli(
 
 
 # -- mount table ----------------------------------------------------------------------------------
-def _unescape(field: str) -> str:
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
 def fuse_mounts() -> list[tuple[str, str]]:
     """(mountpoint, fstype) of every FUSE mount visible here."""
     result = []
@@ -73,7 +63,7 @@ def fuse_mounts() -> list[tuple[str, str]]:
             left, _, right = line.partition(" - ")
             fields, tail = left.split(), right.split()
             if len(fields) >= 5 and tail and tail[0].startswith("fuse"):
-                result.append((_unescape(fields[4]), tail[0]))
+                result.append((unescape_field(fields[4]), tail[0]))
     return result
 
 
@@ -182,6 +172,16 @@ def mounted(
     finally:
         _stop(proc, mnt)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = POLL) -> bool:
+    """Poll *predicate* until it is true or *timeout* seconds passed; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
 
 
 def _read(path: Path) -> str:

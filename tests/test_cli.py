@@ -8,12 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import force_unmount, is_mounted, mounted, run_cli
+from conftest import force_unmount, is_mounted, mounted, run_cli, wait_for
 
 DATA = os.urandom(3 * 1024 * 1024 + 123)
 # Seconds to wait for a daemon to exit or a log line to appear.
@@ -30,12 +29,7 @@ def _one_line_error(result: subprocess.CompletedProcess) -> str:
 
 
 def _wait_for(predicate, timeout: float = WAIT) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+    return wait_for(predicate, timeout)
 
 
 def _pid_alive(pid: int) -> bool:

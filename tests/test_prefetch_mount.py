@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import random
-import time
 
 import numpy as np
 import pytest
-from conftest import evict_page_cache, mounted
+from conftest import evict_page_cache, mounted, wait_for
 
 MIB = 1024 * 1024
 SMALL = 3073
@@ -16,15 +15,6 @@ SMALL = 3073
 
 def counters(m) -> dict:
     return m.stats()["counters"]
-
-
-def wait_for(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def read_file(path) -> bytes:
