@@ -104,8 +104,9 @@ def read_small(root: Path, expected: list[bytes]) -> int:
     return bad
 
 
-def run(cmd: list[str], timeout: float = COMMAND_TIMEOUT) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+def run(cmd: list[str], timeout: float = COMMAND_TIMEOUT, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **env} if env else None
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=full_env)
 
 
 def is_mounted(path: Path) -> bool:
@@ -178,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         measure("direct", src)
 
         log(f"mounting {src} on {mnt}")
-        r = run(FASTFS + ["mount", str(src), str(mnt)], timeout=MOUNT_TIMEOUT)
+        state = src.parent / "state"  # learned access sets of this demo stay in its temp dir
+        state.mkdir(exist_ok=True)
+        r = run(FASTFS + ["mount", str(src), str(mnt)], timeout=MOUNT_TIMEOUT, env={"STATE_DIRECTORY": str(state)})
         mounted = True
         if r.returncode != 0:
             log(f"fastfs mount failed ({r.returncode}): {(r.stderr or r.stdout).strip()}")

@@ -7,6 +7,7 @@ any FUSE mount left under the pytest temporary root after each test module.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import hashlib
@@ -35,14 +36,29 @@ UNMOUNT_TIMEOUT = 20.0
 POLL = 0.05
 
 
+_STATE_DIR: list[str] = []
+
+
+def _session_state_dir() -> str:
+    if not _STATE_DIR:
+        path = tempfile.mkdtemp(prefix="fastfs-test-state-")
+        atexit.register(shutil.rmtree, path, True)
+        _STATE_DIR.append(path)
+    return _STATE_DIR[0]
+
+
 def run_cli(
     *args: object,
     timeout: float = 60,
     env: dict | None = None,
     input: str | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``python -m fastfs ARGS`` (text, captured output); *env* entries extend os.environ."""
-    full_env = {**os.environ, **(env or {})}
+    """Run ``python -m fastfs ARGS`` (text, captured output); *env* entries extend os.environ.
+
+    Daemons started this way keep learned state in a per-session temporary directory, never in
+    the system's /var/lib/fastfs.
+    """
+    full_env = {**os.environ, "STATE_DIRECTORY": _session_state_dir(), **(env or {})}
     return subprocess.run(
         FASTFS + [str(a) for a in args],
         capture_output=True,
