@@ -39,6 +39,7 @@ lock is held across I/O or while waiting for a block; the cache and pool documen
 from __future__ import annotations
 
 import _thread
+import dataclasses
 import errno
 import logging
 import os
@@ -156,7 +157,7 @@ class Engine:
         self._entries: dict[tuple, FileEntry] = {}
         self._versions: OrderedDict[str, tuple] = OrderedDict()
         self._open_versions: dict[str, int] = {}  # path -> file versions with open handles
-        self._implicit: OrderedDict[str, tuple[FileEntry, float]] = OrderedDict()
+        self._implicit: OrderedDict[str, tuple[FileEntry, float, int]] = OrderedDict()  # path -> (entry, at, fh)
         self._meta: OrderedDict[str, MetaEntry] = OrderedDict()
         self._dirs: OrderedDict[str, DirScan] = OrderedDict()
         self._dirs_lock = threading.Lock()
@@ -748,6 +749,8 @@ class Engine:
 
     # == open-less reads (fuse.no_open) =============================================================
     def _implicit_entry(self, path: str | None) -> FileEntry | None:
+        """The entry for an open-less read of ``path`` (fuse.no_open): an implicit handle per path,
+        revalidated like an open once its attr_timeout has passed."""
         if path is None:
             return None
         now = time.monotonic()
@@ -758,19 +761,17 @@ class Engine:
                 return item[0]
         entry, keep = self._acquire_entry(path)
         self._after_open(path, entry, probe=not keep)
-        old = None
         with self._lock:
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = entry
             previous = self._implicit.pop(path, None)
-            self._implicit[path] = (entry, now)
-            evicted = [previous] if previous is not None else []
+            self._implicit[path] = (entry, now, fh)
+            stale = [previous[2]] if previous is not None else []
             while len(self._implicit) > MAX_IMPLICIT:
-                evicted.append(self._implicit.popitem(last=False)[1])
-            old = [fh2 for fh2, e in self._handles.items() if any(e is ev[0] for ev in evicted) and fh2 != fh]
-        for stale in old:
-            self.release(stale)
+                stale.append(self._implicit.popitem(last=False)[1][2])
+        for old_fh in stale:
+            self.release(old_fh)
         return entry
 
     # == warm =======================================================================================
@@ -907,8 +908,6 @@ class Engine:
         ):
             checks[f"fuse.{name}"] = (getattr(old.fuse, name), getattr(config.fuse, name))
         restart = [key for key, (a, b) in checks.items() if a != b]
-        import dataclasses
-
         live = dataclasses.replace(
             old,
             cache=dataclasses.replace(old.cache, budget=config.cache.budget),

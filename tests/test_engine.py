@@ -391,3 +391,25 @@ def test_warm_fetches_tree(data_dir, tmp_path):
         assert engine.snapshot()["counters"][m.BYTES_SERVED_CACHE] == 3073
     finally:
         engine.close()
+
+
+def test_no_open_implicit_handles_are_bounded_and_spare_real_handles(data_dir, tmp_path, monkeypatch):
+    from fastfs.fsio import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "MAX_IMPLICIT", 2)
+    engine = make_engine(data_dir, tmp_path)
+    try:
+        expected = (data_dir / "big").read_bytes()
+        real = engine.open("/big")
+        buf = bytearray(4096)
+        assert engine.read_into(0, 0, memoryview(buf), path="/big") == 4096
+        for i in range(5):
+            name = f"/small/f{i:03d}"
+            n = engine.read_into(0, 0, memoryview(buf), path=name)
+            assert bytes(buf[:n]) == (data_dir / name.lstrip("/")).read_bytes()
+        assert len(engine._implicit) == 2
+        assert len(engine._handles) == 3  # the real handle plus two implicit ones
+        assert engine.read(real.fh, 123, 1000) == expected[123:1123]
+        engine.release(real.fh)
+    finally:
+        engine.close()
