@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -107,5 +108,6 @@ class PreadPool:
         for t in self._threads:
             if t.name.rsplit("-", 1)[-1].startswith("d"):
                 self._demand.put(_STOP)
+        deadline = time.monotonic() + timeout  # one deadline: workers stuck on a hung source are daemons
         for t in self._threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
