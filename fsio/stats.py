@@ -1,6 +1,6 @@
 """Counters of what the engine did, recorded where each event happens.
 
-Design: every thread writes into its own shard (a plain dict found by the thread's identifier),
+Design: every thread writes into its own shard (a plain list found by the thread's identifier),
 so counting takes no lock and costs one dict update; a snapshot sums the shards under the
 registry lock. Shards are keyed by ``threading.get_ident()`` rather than ``threading.local``:
 FUSE callbacks arrive on libfuse's threads, and each callback from a foreign thread gets a fresh
@@ -8,7 +8,7 @@ Python thread state, so a thread-local would be new on every request. Metric nam
 constants below, in one place, used by the engine, the stats file, the CLI and the Prometheus
 exporter alike.
 
-Concurrency: ``_lock`` guards ``_shards`` (thread id -> that thread's dict) and ``_files``; a shard is
+Concurrency: ``_lock`` guards ``_shards`` (thread id -> that thread's list) and ``_files``; a shard is
 written only by its own thread and read (racily but safely: ints are replaced atomically under the
 GIL) by snapshots.
 """
@@ -78,13 +78,19 @@ LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5
 MAX_TRACKED_FILES = 4096
 
 _SIZE_KEYS = tuple(f"size_le_{b}" for b in REQUEST_SIZE_BUCKETS) + ("size_gt_1048576",)
-# Bucket key by (size - 1).bit_length(): the bounds are powers of two, so no search per request.
-_SIZE_BY_BITS = tuple(
-    _SIZE_KEYS[bisect.bisect_left(REQUEST_SIZE_BUCKETS, 1 << bits)]
+_LAT_KEYS = tuple(f"lat_le_{b}" for b in LATENCY_BUCKETS) + ("lat_inf",)
+# A shard is a list; these are its slots (lists index faster than dicts on the read path).
+_KEYS = COUNTERS + _SIZE_KEYS + _LAT_KEYS + ("lat_sum",)
+_INDEX = {name: i for i, name in enumerate(_KEYS)}
+_I_REQUESTS, _I_REQUESTED, _I_SERVED = _INDEX[READ_REQUESTS], _INDEX[BYTES_REQUESTED], _INDEX[BYTES_SERVED_CACHE]
+_I_PREADS, _I_LAT_SUM = _INDEX[PREADS], _INDEX["lat_sum"]
+# Size slot by (size - 1).bit_length(): the bounds are powers of two, so no search per request.
+_SIZE_SLOT_BY_BITS = tuple(
+    _INDEX[_SIZE_KEYS[bisect.bisect_left(REQUEST_SIZE_BUCKETS, 1 << bits)]]
     for bits in range(REQUEST_SIZE_BUCKETS[-1].bit_length())
 )
+_SIZE_SLOT_LARGE = _INDEX[_SIZE_KEYS[-1]]
 _get_ident = threading.get_ident
-_LAT_KEYS = tuple(f"lat_le_{b}" for b in LATENCY_BUCKETS) + ("lat_inf",)
 
 
 class Stats:
@@ -92,7 +98,7 @@ class Stats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._shards: dict[int, dict[str, float]] = {}
+        self._shards: dict[int, list[float]] = {}
         self._files: dict[str, list[int]] = {}  # path -> [fetched, delivered]
         self._errors: dict[str, int] = {}
         self.started = time.time()
@@ -100,12 +106,11 @@ class Stats:
         self.gauges: dict[str, Any] = {}  # filled by the engine's snapshot hook
         self.enabled = True
 
-    def _shard(self) -> dict[str, float]:
+    def _shard(self) -> list[float]:
         return self._shards.get(_get_ident()) or self._new_shard()
 
-    def _new_shard(self) -> dict[str, float]:
-        shard = dict.fromkeys(COUNTERS + _SIZE_KEYS + _LAT_KEYS, 0)
-        shard["lat_sum"] = 0.0
+    def _new_shard(self) -> list[float]:
+        shard: list[float] = [0] * len(_KEYS)
         with self._lock:
             self._shards[_get_ident()] = shard
         return shard
@@ -113,27 +118,27 @@ class Stats:
     def add(self, name: str, value: int = 1) -> None:
         """Add *value* to counter *name*."""
         if self.enabled:
-            self._shard()[name] += value
+            self._shard()[_INDEX[name]] += value
 
     def request(self, size: int, served_from_cache: int) -> None:
         """One application read that delivered *size* bytes, *served_from_cache* of them from RAM blocks."""
         if not self.enabled:
             return
         shard = self._shards.get(_get_ident()) or self._new_shard()
-        shard[READ_REQUESTS] += 1
-        shard[BYTES_REQUESTED] += size
-        shard[BYTES_SERVED_CACHE] += served_from_cache
+        shard[_I_REQUESTS] += 1
+        shard[_I_REQUESTED] += size
+        shard[_I_SERVED] += served_from_cache
         bits = (size - 1).bit_length() if size > 0 else 0
-        shard[_SIZE_BY_BITS[bits] if bits < len(_SIZE_BY_BITS) else _SIZE_KEYS[-1]] += 1
+        shard[_SIZE_SLOT_BY_BITS[bits] if bits < len(_SIZE_SLOT_BY_BITS) else _SIZE_SLOT_LARGE] += 1
 
     def pread(self, seconds: float) -> None:
         """One source pread that took *seconds*."""
         if not self.enabled:
             return
         shard = self._shard()
-        shard[PREADS] += 1
-        shard["lat_sum"] += seconds
-        shard[_LAT_KEYS[bisect.bisect_left(LATENCY_BUCKETS, seconds)]] += 1
+        shard[_I_PREADS] += 1
+        shard[_I_LAT_SUM] += seconds
+        shard[_INDEX[_LAT_KEYS[bisect.bisect_left(LATENCY_BUCKETS, seconds)]]] += 1
 
     def error(self, errno_name: str) -> None:
         """A source error, counted by errno name (EIO, ETIMEDOUT, ...)."""
@@ -156,15 +161,14 @@ class Stats:
             entry[1] += delivered
 
     def counters(self) -> dict[str, float]:
-        """Sum of all shards."""
+        """Sum of all shards, by name."""
         with self._lock:
             shards = list(self._shards.values())
-        total: dict[str, float] = dict.fromkeys(COUNTERS + _SIZE_KEYS + _LAT_KEYS, 0)
-        total["lat_sum"] = 0.0
+        total = [0.0] * len(_KEYS)
         for shard in shards:
-            for key, value in list(shard.items()):
-                total[key] += value
-        return total
+            for i, value in enumerate(list(shard)):
+                total[i] += value
+        return dict(zip(_KEYS, total, strict=True))
 
     def snapshot(self, top: int = 10) -> dict[str, Any]:
         """JSON-ready view: counters, histograms, derived ratios, gauges and the top files."""
