@@ -441,12 +441,36 @@ _TIME_FIELDS = (("st_atime", "st_atimespec"), ("st_mtime", "st_mtimespec"), ("st
 _PLAIN_FIELDS = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_rdev", "st_blocks", "st_blksize")
 
 
+_kept_thread_states: set[int] = set()
+_kept_lock = threading.Lock()
+
+
+def _keep_thread_state() -> None:
+    """Keep this libfuse worker's Python thread state alive between callbacks.
+
+    ctypes wraps each callback from a foreign thread in PyGILState_Ensure/Release, which creates and
+    destroys a thread state every time; one extra Ensure (never released) makes the later ones reuse
+    it. libfuse keeps its workers (max_idle_threads = fuse.threads), so the set stays small.
+    """
+    ident = threading.get_ident()
+    with _kept_lock:
+        if ident in _kept_thread_states:
+            return
+        _kept_thread_states.add(ident)
+    ctypes.pythonapi.PyGILState_Ensure()
+
+
 class FastFUSE(FUSE):
     """The binding's FUSE class with an in-place ``read`` and a direct ``fgetattr``.
 
     Construct with ``raw_fi=True``: ``open`` then receives the ``fuse_file_info`` to set ``fh`` and
     ``keep_cache`` on; ``read`` and ``release`` here pass the plain handle on.
     """
+
+    def _wrapper(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() not in _kept_thread_states:
+            _keep_thread_state()
+        return super()._wrapper(func, *args, **kwargs)
 
     def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
         fh = fip.contents.fh
