@@ -126,6 +126,20 @@ class SnapshotCollector(Collector):
         self._failed = False
         yield from self.families(snap)
 
+    def _simple(self, family: Any, table: Any, mapped: Any, values: Mapping[str, Any], kind: str) -> Iterator[Any]:
+        """One unlabelled-by-kind family per known key of *table*; keys the engine added later are
+        exported under their own name rather than dropped."""
+        for key, name, doc in table:
+            if (v := _number(values.get(key))) is not None:
+                fam = family(PREFIX + name, doc, labels=[LABEL])
+                fam.add_metric([self._label], v)
+                yield fam
+        for key in sorted(set(values) - mapped):
+            if _NAME_OK.match(key) and (v := _number(values[key])) is not None:
+                fam = family(PREFIX + key, f"Engine {kind} {key}.", labels=[LABEL])
+                fam.add_metric([self._label], v)
+                yield fam
+
     def families(self, snap: Snapshot) -> Iterable[Metric]:
         """All metric families of *snap* (separate from :meth:`collect` for tests)."""
         lbl = [LABEL]
@@ -133,17 +147,7 @@ class SnapshotCollector(Collector):
         counters: Mapping[str, Any] = snap.get("counters") or {}
         gauges: Mapping[str, Any] = snap.get("gauges") or {}
 
-        for key, name, doc in _COUNTERS:
-            if (v := _number(counters.get(key))) is not None:
-                fam = CounterMetricFamily(PREFIX + name, doc, labels=lbl)
-                fam.add_metric(val, v)
-                yield fam
-        # Counters added to the engine later are exported under their own name rather than dropped.
-        for key in sorted(set(counters) - _MAPPED_COUNTERS):
-            if _NAME_OK.match(key) and (v := _number(counters[key])) is not None:
-                fam = CounterMetricFamily(PREFIX + key, f"Engine counter {key}.", labels=lbl)
-                fam.add_metric(val, v)
-                yield fam
+        yield from self._simple(CounterMetricFamily, _COUNTERS, _MAPPED_COUNTERS, counters, "counter")
 
         fam = CounterMetricFamily(
             PREFIX + "bytes_fetched", "Bytes read from the source, by reason.", labels=[LABEL, "kind"]
@@ -182,16 +186,7 @@ class SnapshotCollector(Collector):
             fam.add_metric(val, _cumulative(sizes), _number(counters.get(fstats.BYTES_REQUESTED)))
             yield fam
 
-        for key, name, doc in _GAUGES:
-            if (v := _number(gauges.get(key))) is not None:
-                fam = GaugeMetricFamily(PREFIX + name, doc, labels=lbl)
-                fam.add_metric(val, v)
-                yield fam
-        for key in sorted(set(gauges) - _MAPPED_GAUGES):
-            if _NAME_OK.match(key) and (v := _number(gauges[key])) is not None:
-                fam = GaugeMetricFamily(PREFIX + key, f"Engine gauge {key}.", labels=lbl)
-                fam.add_metric(val, v)
-                yield fam
+        yield from self._simple(GaugeMetricFamily, _GAUGES, _MAPPED_GAUGES, gauges, "gauge")
 
         if (v := _number(snap.get("uptime_seconds"))) is not None:
             fam = GaugeMetricFamily(PREFIX + "uptime_seconds", "Seconds since the mount started.", labels=lbl)

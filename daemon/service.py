@@ -76,24 +76,24 @@ def _package_text(package: str, name: str) -> str | None:
         return None
 
 
+def _shipped_text(package: str, name: str, repo_path: Path) -> str:
+    """Package data *name* of *package*, else the repository's copy at *repo_path*."""
+    text = _package_text(package, name)
+    if text is None and repo_path.is_file():
+        text = repo_path.read_text(encoding="utf-8")
+    if text is None:
+        raise InstallError(f"{name} not found in package {package} nor at {repo_path}")
+    return text
+
+
 def unit_text() -> str:
     """The shipped unit: package data ``fastfs.systemd``, else the repository's ``systemd/``."""
-    text = _package_text(UNIT_PACKAGE, UNIT_NAME)
-    if text is None and REPO_UNIT.is_file():
-        text = REPO_UNIT.read_text(encoding="utf-8")
-    if text is None:
-        raise InstallError(f"{UNIT_NAME} not found in package {UNIT_PACKAGE} nor at {REPO_UNIT}")
-    return text
+    return _shipped_text(UNIT_PACKAGE, UNIT_NAME, REPO_UNIT)
 
 
 def example_text() -> str:
     """The shipped example config (package data of ``fastfs.config``)."""
-    text = _package_text(CONFIG_PACKAGE, EXAMPLE_NAME)
-    if text is None and REPO_EXAMPLE.is_file():
-        text = REPO_EXAMPLE.read_text(encoding="utf-8")
-    if text is None:
-        raise InstallError(f"{EXAMPLE_NAME} not found in package {CONFIG_PACKAGE} nor at {REPO_EXAMPLE}")
-    return text
+    return _shipped_text(CONFIG_PACKAGE, EXAMPLE_NAME, REPO_EXAMPLE)
 
 
 def find_script(name: str) -> str:
