@@ -200,6 +200,7 @@ class BlockCache:
     def complete(self, block: Block, length: int) -> None:
         """The block's fill finished with ``length`` valid bytes; wake waiters."""
         block.length = length
+        block.errno = 0
         block.state = READY
         block.done.set()
 

@@ -82,6 +82,9 @@ MAX_VERSIONS = 100_000
 MAX_IMPLICIT = 256
 # Marker file key: the kernel may hold pages of another version of this path.
 STALE_VERSION = ("stale",)
+# Seconds a read waits when an earlier read of the same data already timed out (the kernel retries
+# a failed request at once; the source may also have come back meanwhile).
+RETRY_WAIT = 1.0
 # Seconds between saves of the learned access sets.
 LEARN_SAVE_SECONDS = 30.0
 
@@ -113,6 +116,7 @@ class FileEntry:
     range_plan: RangePlan | None = None
     probed: bool = False
     mmap_seen: bool = False
+    stuck: int = 0  # direct reads still running after their reader timed out (guarded by lock)
 
 
 @dataclass
@@ -417,7 +421,11 @@ class Engine:
                     job = block.job
                     if job is not None and not job.demand:
                         self.pool.promote(job)
-                    if not block.done.wait(timeout):
+                    # an earlier reader already gave up on this fill: later ones (the kernel's own
+                    # retry of the failed request) wait only briefly for the source to come back
+                    wait = min(timeout, RETRY_WAIT) if timeout and block.errno == errno.ETIMEDOUT else timeout
+                    if not block.done.wait(wait):
+                        block.errno = errno.ETIMEDOUT
                         self._timed_out(entry)
                 if block.state == FAILED:
                     got = self._read_direct(entry, pos, dest[pos - offset : stop - offset])
@@ -468,6 +476,7 @@ class Engine:
             return n
         bounce = bytearray(length)
         result: list = []
+        timed_out: list = []
         done = _thread.allocate_lock()
         done.acquire()
 
@@ -479,9 +488,16 @@ class Engine:
             finally:
                 self._put_source(src)
                 done.release()
+                if timed_out:  # the source answered at last: reads of this file may wait again
+                    with entry.lock:
+                        entry.stuck -= 1
 
         self.pool.submit_demand(job)
-        if not done.acquire(timeout=timeout):
+        # while an earlier read of this file is stuck past the timeout, wait only briefly
+        if not done.acquire(timeout=min(timeout, RETRY_WAIT) if entry.stuck else timeout):
+            with entry.lock:
+                entry.stuck += 1
+            timed_out.append(True)
             self._timed_out(entry)
         outcome = result[0]
         if isinstance(outcome, OSError):
