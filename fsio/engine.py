@@ -85,6 +85,8 @@ STALE_VERSION = ("stale",)
 # Seconds a read waits when an earlier read of the same data already timed out (the kernel retries
 # a failed request at once; the source may also have come back meanwhile).
 RETRY_WAIT = 1.0
+# Bytes delivered from one file version before its per-file counts join the shared top-files table.
+FILE_STATS_BATCH = 4 * 1024 * 1024
 # Seconds between saves of the learned access sets.
 LEARN_SAVE_SECONDS = 30.0
 
@@ -117,6 +119,8 @@ class FileEntry:
     probed: bool = False
     mmap_seen: bool = False
     stuck: int = 0  # direct reads still running after their reader timed out (guarded by lock)
+    delivered: int = 0  # bytes delivered, not yet added to the top-files table (guarded by lock)
+    direct: int = 0  # bytes read from the source for them outside blocks, likewise
 
 
 @dataclass
@@ -278,7 +282,8 @@ class Engine:
                 return
             entry.handles -= 1
             src = None
-            if entry.handles == 0:
+            last_handle = entry.handles == 0
+            if last_handle:
                 if self._entries.get(entry.key) is entry:
                     del self._entries[entry.key]
                     left = self._open_versions.get(entry.path, 1) - 1
@@ -291,6 +296,8 @@ class Engine:
                         # cache: the next open treats the path as changed
                         self._versions[entry.path] = STALE_VERSION
                 src, entry.src = entry.src, None
+        if last_handle:
+            self._account_file(entry, 0, 0, flush=True)
         if src is not None:
             self._put_source(src)
 
@@ -375,13 +382,27 @@ class Engine:
         else:
             demand = []
         try:
-            n, cached = self._serve(entry, offset, end, dest, demand)
+            n, cached, direct = self._serve(entry, offset, end, dest, demand)
         finally:
             for block in demand:
                 if block is not None:
                     self.cache.unpin(block)
         self.stats.request(n, cached)
+        self._account_file(entry, n, direct)
         return n
+
+    def _account_file(self, entry: FileEntry, delivered: int, direct: int, flush: bool = False) -> None:
+        """Per-file bytes for the top-files table, summed per entry (its own lock) and handed to the
+        shared table in batches, so a read does not take a mount-wide lock."""
+        with entry.lock:
+            entry.delivered += delivered
+            entry.direct += direct
+            if not flush and entry.delivered < FILE_STATS_BATCH:
+                return
+            delivered, direct = entry.delivered, entry.direct
+            entry.delivered = entry.direct = 0
+        if delivered or direct:
+            self.stats.file_bytes(entry.path, fetched=direct, delivered=delivered)
 
     def _reserve_demand(self, entry: FileEntry, offset: int, end: int) -> list[Block | None]:
         """Reserve and queue (demand priority) the missing blocks of [offset, end); pinned, in order."""
@@ -394,67 +415,69 @@ class Engine:
             out.append(block)
         return out
 
-    def _serve(self, entry: FileEntry, offset: int, end: int, dest: memoryview, demand: list) -> tuple[int, int]:
+    def _serve(self, entry: FileEntry, offset: int, end: int, dest: memoryview, demand: list) -> tuple[int, int, int]:
+        """Fill ``dest`` with [offset, end) block by block; returns (bytes, from RAM cache, from the source)."""
         bs = self.block_size
         pos = offset
-        cached = 0
+        cached = direct = 0
         first = offset // bs
         timeout = self.config.readahead.read_timeout or None
         while pos < end:
             index = pos // bs
-            block_start = index * bs
-            stop = min(end, block_start + bs)
+            stop = min(end, (index + 1) * bs)
             block = demand[index - first] if demand else None
             pinned_here = False
             if block is None:
                 block = self.cache.get(entry.key, index)
                 pinned_here = block is not None
-            if block is None:
-                got = self._read_direct(entry, pos, dest[pos - offset : stop - offset])
-                if got < stop - pos:
-                    return pos - offset + got, cached
-                pos = stop
-                continue
-            try:
-                ready = block.state == READY
-                if not ready:
-                    job = block.job
-                    if job is not None and not job.demand:
-                        self.pool.promote(job)
-                    # an earlier reader already gave up on this fill: later ones (the kernel's own
-                    # retry of the failed request) wait only briefly for the source to come back
-                    wait = min(timeout, RETRY_WAIT) if timeout and block.errno == errno.ETIMEDOUT else timeout
-                    if not block.done.wait(wait):
-                        block.errno = errno.ETIMEDOUT
-                        self._timed_out(entry)
-                if block.state == FAILED:
-                    got = self._read_direct(entry, pos, dest[pos - offset : stop - offset])
-                    if got < stop - pos:
-                        return pos - offset + got, cached
-                    pos = stop
-                    continue
-                avail = block_start + block.length
-                n = min(stop, avail) - pos
-                if n <= 0:
-                    return pos - offset, cached
-                dest[pos - offset : pos - offset + n] = block.view[pos - block_start : pos - block_start + n]
-                if block.prefetched:
-                    cached += n
-                    if not block.used:
-                        block.used = True
-                        self.stats.add(m.BYTES_PREFETCH_USED, block.length)
-                elif ready:
-                    cached += n
-                block.used = True
-                if pos + n >= block_start + block.length:
-                    self.cache.consumed(block)
-                pos += n
-                if pos < stop:
-                    return pos - offset, cached
-            finally:
-                if pinned_here:
-                    self.cache.unpin(block)
-        return pos - offset, cached
+            n = -1  # -1: this part comes from the source directly (no block, or its fill failed)
+            if block is not None:
+                try:
+                    n, from_cache = self._copy_block(entry, block, pos, stop, dest[pos - offset :], timeout)
+                finally:
+                    if pinned_here:
+                        self.cache.unpin(block)
+                cached += from_cache
+            if n < 0:
+                n = self._read_direct(entry, pos, dest[pos - offset : stop - offset])
+                direct += n
+            pos += n
+            if pos < stop:  # end of file reached early
+                break
+        return pos - offset, cached, direct
+
+    def _copy_block(
+        self, entry: FileEntry, block: Block, pos: int, stop: int, dest: memoryview, timeout: float | None
+    ) -> tuple[int, int]:
+        """Copy [pos, stop) of the file from ``block`` to ``dest``, waiting for its fill.
+
+        Returns (bytes copied, of which counted as served from the cache); (-1, 0) when the fill
+        failed (errors are never cached: the caller reads the source directly).
+        """
+        ready = block.state == READY
+        if not ready:
+            job = block.job
+            if job is not None and not job.demand:
+                self.pool.promote(job)
+            # an earlier reader already gave up on this fill: later ones (the kernel's own retry of
+            # the failed request) wait only briefly for the source to come back
+            wait = min(timeout, RETRY_WAIT) if timeout and block.errno == errno.ETIMEDOUT else timeout
+            if not block.done.wait(wait):
+                block.errno = errno.ETIMEDOUT
+                self._timed_out(entry)
+        if block.state == FAILED:
+            return -1, 0
+        block_start = block.key[1] * self.block_size
+        n = max(0, min(stop, block_start + block.length) - pos)
+        if n == 0:
+            return 0, 0
+        dest[:n] = block.view[pos - block_start : pos - block_start + n]
+        if block.prefetched and not block.used:
+            self.stats.add(m.BYTES_PREFETCH_USED, block.length)
+        block.used = True
+        if pos + n >= block_start + block.length:
+            self.cache.consumed(block)
+        return n, n if block.prefetched or ready else 0
 
     def _timed_out(self, entry: FileEntry) -> None:
         self.stats.add(m.TIMEOUTS)
@@ -472,7 +495,6 @@ class Engine:
             finally:
                 self._put_source(src)
             self.stats.add(m.BYTES_FETCHED_DEMAND, n)
-            self.stats.file_bytes(entry.path, fetched=n, delivered=n)
             return n
         bounce = bytearray(length)
         result: list = []
@@ -504,7 +526,6 @@ class Engine:
             raise outcome
         view[:outcome] = memoryview(bounce)[:outcome]
         self.stats.add(m.BYTES_FETCHED_DEMAND, outcome)
-        self.stats.file_bytes(entry.path, fetched=outcome, delivered=outcome)
         return outcome
 
     def _timed_pread(self, src: SourceFile, pos: int, view: memoryview, path: str, aligned: bool = False) -> int:

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import random
 import shutil
 import signal
 import stat
@@ -188,6 +189,11 @@ def mounted(
     finally:
         _stop(proc, mnt)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def rand_bytes(n: int, seed: int) -> bytes:
+    """*n* reproducible random bytes."""
+    return random.Random(seed).randbytes(n)
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = POLL) -> bool:

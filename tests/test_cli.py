@@ -28,10 +28,6 @@ def _one_line_error(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def _wait_for(predicate, timeout: float = WAIT) -> bool:
-    return wait_for(predicate, timeout)
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -155,7 +151,7 @@ def test_background_mount_is_live_on_return_and_umount_works(populated: Path, mn
         result = run_cli("umount", mnt)
         assert result.returncode == 0, result.stderr
         assert not is_mounted(mnt)
-        assert _wait_for(lambda: not _pid_alive(pid)), "daemon kept running after umount"
+        assert wait_for(lambda: not _pid_alive(pid)), "daemon kept running after umount"
         assert "mounted" in log.read_text()
         assert os.listdir(mnt) == []
     finally:
@@ -263,12 +259,12 @@ def test_sighup_reloads_config(populated: Path, mnt: Path) -> None:
         config = _config_path(m)
         config.write_text("cache:\n  workers: not-a-number\n")
         m.proc.send_signal(signal.SIGHUP)
-        assert _wait_for(lambda: "reload failed" in m.log()), m.log()
+        assert wait_for(lambda: "reload failed" in m.log()), m.log()
         assert "cache.workers" in m.log()
         assert (mnt / "data.bin").read_bytes() == DATA  # still serving
         config.write_text("log:\n  level: info\nfuse:\n  attr_timeout: 5\n")
         m.proc.send_signal(signal.SIGHUP)
-        assert _wait_for(lambda: "reloaded; needs restart:" in m.log()), m.log()
+        assert wait_for(lambda: "reloaded; needs restart:" in m.log()), m.log()
         line = [x for x in m.log().splitlines() if "reloaded; needs restart:" in x][-1]
         assert "fuse.attr_timeout" in line
         assert m.proc.poll() is None
@@ -278,7 +274,7 @@ def test_sigusr1_logs_stats(populated: Path, mnt: Path) -> None:
     with mounted(populated, mnt) as m:
         (mnt / "data.bin").read_bytes()
         m.proc.send_signal(signal.SIGUSR1)
-        assert _wait_for(lambda: "stats: requested" in m.log()), m.log()
+        assert wait_for(lambda: "stats: requested" in m.log()), m.log()
         assert m.proc.poll() is None
 
 
@@ -349,7 +345,7 @@ def test_stats_file_stays_fresh_in_no_open_mode(populated: Path, mnt: Path) -> N
         first = m.stats()["counters"]["bytes_requested"]
         assert (mnt / "data.bin").read_bytes() == DATA
         assert (mnt / "sub" / "note.txt").read_text() == "note\n"
-        assert _wait_for(lambda: m.stats()["counters"]["bytes_requested"] >= first + len(DATA)), m.stats()
+        assert wait_for(lambda: m.stats()["counters"]["bytes_requested"] >= first + len(DATA)), m.stats()
         assert ".fastfs" not in os.listdir(mnt)
 
 

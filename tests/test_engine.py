@@ -413,3 +413,19 @@ def test_no_open_implicit_handles_are_bounded_and_spare_real_handles(data_dir, t
         engine.release(real.fh)
     finally:
         engine.close()
+
+
+def test_top_files_count_what_each_file_delivered_and_fetched(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path, **{"readahead.formats": "false"})
+    try:
+        expected = (data_dir / "big").read_bytes()
+        r = engine.open("/big")
+        assert read_all(engine, r.fh, len(expected), MIB) == expected
+        engine.release(r.fh)
+        rows = {row["path"]: row for row in engine.snapshot()["top_files"]}
+        big = rows["/big"]
+        assert big["delivered"] == len(expected)
+        assert len(expected) <= big["fetched"] <= len(expected) + 8 * MIB
+        assert 1.0 <= big["amplification"] <= 1.5
+    finally:
+        engine.close()

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import evict_page_cache, mounted
+from conftest import evict_page_cache, mounted, rand_bytes
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -47,10 +47,6 @@ READER_TIMEOUT = 300.0
 MTIME_TICK = 0.02
 
 
-def _rand(n: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(n)
-
-
 def _name(size: int) -> str:
     return f"f_{size}.bin"
 
@@ -64,12 +60,12 @@ def tree(tmp_path_factory: pytest.TempPathFactory):
     mnt.mkdir()
     data = {}
     for i, size in enumerate(SIZES):
-        data[_name(size)] = _rand(size, 1000 + i)
+        data[_name(size)] = rand_bytes(size, 1000 + i)
         (src / _name(size)).write_bytes(data[_name(size)])
     sub = src / "sub"
     sub.mkdir()
     for i in range(20):
-        payload = _rand(1000 + 7919 * i, 5000 + i)
+        payload = rand_bytes(1000 + 7919 * i, 5000 + i)
         (sub / f"small_{i:02d}.bin").write_bytes(payload)
         data[f"sub/small_{i:02d}.bin"] = payload
     with mounted(src, mnt) as m:
@@ -288,7 +284,7 @@ def _read_through(path: Path) -> bytes:
 
 
 def test_rewrite_in_place_same_size(src: Path, mnt: Path) -> None:
-    a, b = _rand(MIB, 1), _rand(MIB, 2)
+    a, b = rand_bytes(MIB, 1), rand_bytes(MIB, 2)
     (src / "f.bin").write_bytes(a)
     (src / "small.txt").write_bytes(b"version one\n")
     with mounted(src, mnt) as m:
@@ -304,7 +300,7 @@ def test_rewrite_in_place_same_size(src: Path, mnt: Path) -> None:
 
 
 def test_size_change_between_opens(src: Path, mnt: Path) -> None:
-    a, bigger, smaller = _rand(MIB, 3), _rand(2 * MIB + 5, 4), _rand(1000, 5)
+    a, bigger, smaller = rand_bytes(MIB, 3), rand_bytes(2 * MIB + 5, 4), rand_bytes(1000, 5)
     (src / "f.bin").write_bytes(a)
     with mounted(src, mnt) as m:
         assert _read_through(m.mnt / "f.bin") == a
@@ -325,7 +321,7 @@ def test_size_change_between_opens(src: Path, mnt: Path) -> None:
 
 
 def test_replace_by_rename(src: Path, mnt: Path) -> None:
-    a, b, c = _rand(MIB + 1, 6), _rand(MIB + 1, 7), _rand(3 * MIB, 8)
+    a, b, c = rand_bytes(MIB + 1, 6), rand_bytes(MIB + 1, 7), rand_bytes(3 * MIB, 8)
     (src / "f.bin").write_bytes(a)
     with mounted(src, mnt) as m:
         assert _read_through(m.mnt / "f.bin") == a

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import mounted
+from conftest import mounted, rand_bytes
 
 MANY_ENTRIES = 10_000
 NOBODY = 65534
@@ -60,10 +60,6 @@ UNICODE_NAMES = (
 DEEP_LEVELS = 45
 # A name that is not valid UTF-8 (Linux allows any bytes but "/" and NUL).
 RAW_NAME = b"latin1-\xe9t\xe9-\xff.bin"
-
-
-def _rand(n: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(n)
 
 
 # -- helpers: another user's view ------------------------------------------------------------------
@@ -171,7 +167,7 @@ def test_readdir_many_entries(src: Path, mnt: Path) -> None:
 def test_unicode_and_odd_names(src: Path, mnt: Path) -> None:
     expected = {}
     for i, name in enumerate(UNICODE_NAMES):
-        data = _rand(100 + i * 1000, i)
+        data = rand_bytes(100 + i * 1000, i)
         (src / name).write_bytes(data)
         expected[name] = data
     sub = src / "dir with spaces ünï"
@@ -182,7 +178,7 @@ def test_unicode_and_odd_names(src: Path, mnt: Path) -> None:
     deep = src.joinpath(*[f"level{i:02d}_" + "d" * 40 for i in range(DEEP_LEVELS)])
     deep.mkdir(parents=True)
     (deep / "bottom.txt").write_bytes(b"bottom\n")
-    raw_data = _rand(5000, 99)
+    raw_data = rand_bytes(5000, 99)
     with open(os.path.join(os.fsencode(src), RAW_NAME), "wb") as f:
         f.write(raw_data)
     with mounted(src, mnt) as m:
@@ -205,9 +201,9 @@ def test_symlinks(tmp_path: Path) -> None:
     src, mnt, outside = tmp_path / "src", tmp_path / "mnt", tmp_path / "outside"
     for d in (src, mnt, outside):
         d.mkdir()
-    secret = _rand(4096, 11)
+    secret = rand_bytes(4096, 11)
     (outside / "secret").write_bytes(secret)
-    data = _rand(70_000, 12)
+    data = rand_bytes(70_000, 12)
     (src / "data.bin").write_bytes(data)
     (src / "sub").mkdir()
     links = {
@@ -258,7 +254,7 @@ def test_symlinks(tmp_path: Path) -> None:
 
 
 def test_hard_links(src: Path, mnt: Path) -> None:
-    data = _rand(3 * MIB + 17, 21)
+    data = rand_bytes(3 * MIB + 17, 21)
     (src / "a.bin").write_bytes(data)
     (src / "d").mkdir()
     os.link(src / "a.bin", src / "b.bin")
@@ -280,7 +276,7 @@ def test_hard_links(src: Path, mnt: Path) -> None:
 
 def test_sparse_file(src: Path, mnt: Path) -> None:
     path = src / "sparse.bin"
-    chunks = {0: _rand(4096, 31), 10 * MIB + 123: _rand(70_000, 32), SPARSE_SIZE - 5000: _rand(5000, 33)}
+    chunks = {0: rand_bytes(4096, 31), 10 * MIB + 123: rand_bytes(70_000, 32), SPARSE_SIZE - 5000: rand_bytes(5000, 33)}
     with open(path, "wb") as f:
         f.truncate(SPARSE_SIZE)
         for off, chunk in chunks.items():
@@ -309,7 +305,11 @@ def _permission_tree(base: Path) -> tuple[Path, Path, dict[str, bytes]]:
     mnt.mkdir(mode=0o755)
     os.chmod(src, 0o755)
     os.chmod(mnt, 0o755)
-    data = {"public.bin": _rand(10_000, 41), "secret.bin": _rand(10_000, 42), "private/inner.bin": _rand(100, 43)}
+    data = {
+        "public.bin": rand_bytes(10_000, 41),
+        "secret.bin": rand_bytes(10_000, 42),
+        "private/inner.bin": rand_bytes(100, 43),
+    }
     (src / "private").mkdir()
     for name, payload in data.items():
         (src / name).write_bytes(payload)
@@ -400,7 +400,7 @@ def test_fifo_and_device_nodes(src: Path, mnt: Path) -> None:
     os.mkfifo(src / "fifo")
     os.mkfifo(scan / "a_fifo")
     os.mknod(src / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
-    small = {f"f{i:02d}.bin": _rand(2000 + i, 50 + i) for i in range(12)}
+    small = {f"f{i:02d}.bin": rand_bytes(2000 + i, 50 + i) for i in range(12)}
     for name, payload in small.items():
         (scan / name).write_bytes(payload)
     with mounted(src, mnt) as m:

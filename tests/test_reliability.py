@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import mounted, run_cli
+from conftest import mounted, rand_bytes, run_cli
 from faultfs import faultfs_mounted, is_mounted
 
 KIB = 1024
@@ -68,10 +68,6 @@ FD_SLACK = 8
 QUIESCE_BOUND = 20.0
 # Sleep between two source changes so even a coarse (pre-multigrain) kernel timestamp moves.
 MTIME_TICK = 0.02
-
-
-def _rand(n: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(n)
 
 
 def _errname(code: int | None) -> str:
@@ -144,11 +140,11 @@ def faulty(tmp_path: Path):
     for d in (backing, faultsrc, mnt):
         d.mkdir()
     data = {
-        "bad.bin": _rand(2 * MIB + 5, 1),
-        "good.bin": _rand(2 * MIB + 7, 2),
-        "slow.bin": _rand(3 * MIB, 3),
+        "bad.bin": rand_bytes(2 * MIB + 5, 1),
+        "good.bin": rand_bytes(2 * MIB + 7, 2),
+        "slow.bin": rand_bytes(3 * MIB, 3),
         "dir/one.txt": b"one\n" * 1000,
-        "dir/two.bin": _rand(70_000, 4),
+        "dir/two.bin": rand_bytes(70_000, 4),
     }
     (backing / "dir").mkdir()
     for name, payload in data.items():
@@ -192,7 +188,7 @@ MIDSTREAM_BEFORE = 2 * MIB
 def test_source_eio_mid_stream_never_served_as_data(faulty) -> None:
     """Prefetch that fails must not become data: bytes before the error are right, then EIO."""
     fs, faultsrc, mnt, data = faulty
-    payload = _rand(MIDSTREAM_SIZE, 90)
+    payload = rand_bytes(MIDSTREAM_SIZE, 90)
     (fs.backing / "stream.bin").write_bytes(payload)
     opts = [f"readahead.max_window={MIDSTREAM_WINDOW}"]
     with mounted(faultsrc, mnt, options=opts) as m:
@@ -228,7 +224,7 @@ def test_source_eio_on_small_file_scan(faulty) -> None:
     fs, faultsrc, mnt, data = faulty
     scan = fs.backing / "scan"
     scan.mkdir()
-    files = {f"s{i:02d}.bin": _rand(5000 + i, 100 + i) for i in range(12)}
+    files = {f"s{i:02d}.bin": rand_bytes(5000 + i, 100 + i) for i in range(12)}
     for name, payload in files.items():
         (scan / name).write_bytes(payload)
     with mounted(faultsrc, mnt) as m:
@@ -295,16 +291,16 @@ def _held_view(fd: int, old: bytes, new: bytes) -> str:
 
 @pytest.mark.parametrize("change", ["rewrite_in_place", "replace_by_rename", "truncate", "extend"])
 def test_never_stale_on_next_open(src: Path, mnt: Path, change: str) -> None:
-    old = _rand(STALE_SIZE, 10)
+    old = rand_bytes(STALE_SIZE, 10)
     (src / "f.bin").write_bytes(old)
     if change == "rewrite_in_place":
-        new = _rand(STALE_SIZE, 11)
+        new = rand_bytes(STALE_SIZE, 11)
     elif change == "replace_by_rename":
-        new = _rand(STALE_SIZE - 1000, 12)
+        new = rand_bytes(STALE_SIZE - 1000, 12)
     elif change == "truncate":
         new = old[: 3 * MIB + 1]
     else:
-        new = old + _rand(5 * MIB + 3, 13)
+        new = old + rand_bytes(5 * MIB + 3, 13)
     with mounted(src, mnt) as m:
         # read twice so the old version is in every cache (fastfs blocks, kernel pages)
         assert _read_file(m.mnt / "f.bin") == old
@@ -343,7 +339,7 @@ def test_never_stale_on_next_open(src: Path, mnt: Path, change: str) -> None:
 
 
 def test_deleted_and_created_files_show_within_timeouts(src: Path, mnt: Path) -> None:
-    (src / "gone.bin").write_bytes(_rand(100_000, 20))
+    (src / "gone.bin").write_bytes(rand_bytes(100_000, 20))
     (src / "d").mkdir()
     (src / "d" / "gone_too.txt").write_bytes(b"bye\n")
     opts = [f"fuse.attr_timeout={ENTRY_ATTR_TIMEOUT},fuse.entry_timeout={ENTRY_ATTR_TIMEOUT}"]
@@ -480,9 +476,9 @@ def test_memory_bounded_by_budget(src: Path, mnt: Path) -> None:
 
 
 def test_sigkill_during_reads_then_umount_and_remount(src: Path, mnt: Path) -> None:
-    data = {f"big{i}.bin": _rand(16 * MIB + i, 40 + i) for i in range(3)}
+    data = {f"big{i}.bin": rand_bytes(16 * MIB + i, 40 + i) for i in range(3)}
     for i in range(50):
-        data[f"s{i:02d}.bin"] = _rand(10_000 + i, 60 + i)
+        data[f"s{i:02d}.bin"] = rand_bytes(10_000 + i, 60 + i)
     for name, payload in data.items():
         (src / name).write_bytes(payload)
     names = sorted(data)
@@ -565,10 +561,10 @@ def test_no_fd_leak(src: Path, mnt: Path) -> None:
     d.mkdir()
     data = {}
     for i in range(FD_WORKLOAD_FILES):
-        payload = _rand(1000 + 37 * i, 70 + i)
+        payload = rand_bytes(1000 + 37 * i, 70 + i)
         (d / f"{i:04d}.bin").write_bytes(payload)
         data[i] = payload
-    big = _rand(20 * MIB + 1, 69)
+    big = rand_bytes(20 * MIB + 1, 69)
     (src / "big.bin").write_bytes(big)
     with mounted(src, mnt) as m:
         # warm up worker threads and the stats path, then take the baseline
@@ -625,7 +621,7 @@ def test_hung_reads_do_not_starve_other_files(faulty) -> None:
     fs, faultsrc, mnt, data = faulty
     for i in range(HUNG_FILES):  # one per directory: no small-file scan pulls in neighbours
         (fs.backing / f"h{i}").mkdir()
-        (fs.backing / f"h{i}" / "stuck.bin").write_bytes(_rand(50_000, 80 + i))
+        (fs.backing / f"h{i}" / "stuck.bin").write_bytes(rand_bytes(50_000, 80 + i))
     opts = [f"readahead.read_timeout={READ_TIMEOUT_SECONDS},cache.workers={HUNG_POOL_WORKERS}"]
     with mounted(faultsrc, mnt, options=opts) as m:
         try:

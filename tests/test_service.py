@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import random
 import shlex
 import shutil
 import signal
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FASTFS, run_cli
+from conftest import FASTFS, rand_bytes, run_cli
 
 from fastfs.config import schema
 from fastfs.config.loader import load_config
@@ -57,10 +56,6 @@ CMD_TIMEOUT = 120
 
 
 # -- helpers -----------------------------------------------------------------------------------
-def _rand(n: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(n)
-
-
 def _fuse_mounted(mnt: Path) -> int:
     """FUSE mounts on *mnt*, counting dead ones (os.path.ismount is False on those)."""
     return service.fuse_mounts_at(service.canonical_mountpoint(str(mnt)))
@@ -327,7 +322,7 @@ def test_installed_unit_commands_run_as_systemd_would(src: Path, mnt: Path, tmp_
         line = d[key][0].lstrip("-").replace("/etc/fastfs/%i.yaml", str(cfg)).replace("$MAINPID", str(pid))
         return shlex.split(line)
 
-    data = _rand(MIB + 9, 6)
+    data = rand_bytes(MIB + 9, 6)
     (src / "u.bin").write_bytes(data)
     (tmp_path / "state").mkdir()
     env = {"PATH": SYSTEMD_PATH, "STATE_DIRECTORY": str(tmp_path / "state"), "LANG": "C.UTF-8"}
@@ -371,7 +366,7 @@ def test_example_config_is_the_defaults() -> None:
 
 # -- sd_notify protocol ------------------------------------------------------------------------
 def test_notify_ready_status_stopping(src: Path, mnt: Path, tmp_path: Path) -> None:
-    data = _rand(3 * MIB + 17, 1)
+    data = rand_bytes(3 * MIB + 17, 1)
     (src / "f.bin").write_bytes(data)
     seen_at_ready: dict[str, object] = {}
 
@@ -405,7 +400,7 @@ def test_notify_ready_status_stopping(src: Path, mnt: Path, tmp_path: Path) -> N
 
 
 def test_sighup_reloads_budget_without_remount(src: Path, mnt: Path, tmp_path: Path) -> None:
-    data = _rand(2 * MIB + 5, 2)
+    data = rand_bytes(2 * MIB + 5, 2)
     (src / "g.bin").write_bytes(data)
     cfg = tmp_path / "fastfs.yaml"
     cfg.write_text("cache:\n  budget: 64M\n")
@@ -533,7 +528,7 @@ def _check_mounted_and_unmount(mnt: Path, name: str, data: bytes, budget: int) -
 
 def test_helper_called_as_mount_does(src: Path, mnt: Path, tmp_path: Path) -> None:
     assert HELPER.is_file(), f"console script {HELPER} missing: pip install -e the repository"
-    data = _rand(5 * MIB + 3, 3)
+    data = rand_bytes(5 * MIB + 3, 3)
     (src / "a.bin").write_bytes(data)
     opts = "rw,budget=64M,_netdev,nofail,noatime,x-systemd.automount,workers=4"
     with _cleanup_mount(mnt):
@@ -545,7 +540,7 @@ def test_helper_called_as_mount_does(src: Path, mnt: Path, tmp_path: Path) -> No
 
 def test_mount_t_fuse_fastfs(src: Path, mnt: Path, tmp_path: Path) -> None:
     assert HELPER.is_file(), f"console script {HELPER} missing: pip install -e the repository"
-    data = _rand(3 * MIB + 1, 4)
+    data = rand_bytes(3 * MIB + 1, 4)
     (src / "b.bin").write_bytes(data)
     created = False
     if not SBIN_HELPER.exists() and not SBIN_HELPER.is_symlink():
