@@ -42,6 +42,7 @@ import _thread
 import dataclasses
 import errno
 import logging
+import mmap
 import os
 import stat
 import threading
@@ -58,14 +59,20 @@ from fastfs.fsio import stats as m
 from fastfs.fsio.cache import FAILED, READY, Block, BlockCache, round_up
 from fastfs.fsio.policy import RangePlan, ScanPolicy, StreamPolicy
 from fastfs.fsio.pool import PreadPool
-from fastfs.fsio.source import Source, SourceFile, split
+from fastfs.fsio.source import DIRECT_ALIGN, Source, SourceFile, split
 
 log = logging.getLogger(__name__)
 
 # Files at least this large get a format probe on first open (smaller ones are read whole anyway).
 FORMAT_MIN_SIZE = 1024 * 1024
-# Bytes of a format plan released at open, before any read (directory, header, first tensors).
-FORMAT_INITIAL_LEAD = 16 * 1024 * 1024
+# Exact demand reads at least this large (and page-aligned) go to a block-read stream through an
+# aligned buffer, as one source request instead of the source's read-ahead-sized pieces.
+EXACT_ALIGNED_MIN = 64 * 1024
+# Exact aligned reads are split into pieces of at least this size, one per source stream.
+EXACT_SPLIT_MIN = 256 * 1024
+# Bytes of a format plan released at open, before any read: one block (the first tensor's start),
+# so a loader that then reads little does not pay for more; reads release the rest.
+FORMAT_INITIAL_LEAD = 4 * 1024 * 1024
 # How far ahead of the furthest read a format plan keeps its ranges in flight at most.
 FORMAT_LEAD = 256 * 1024 * 1024
 # Small files a scan keeps fetched ahead of the reader (bounds memory of huge directories).
@@ -117,6 +124,7 @@ class FileEntry:
     handles: int = 0
     range_plan: RangePlan | None = None
     probed: bool = False
+    planning: bool = False  # a format probe is queued or running (the plan will decide what to fetch)
     mmap_seen: bool = False
     stuck: int = 0  # direct reads still running after their reader timed out (guarded by lock)
     delivered: int = 0  # bytes delivered, not yet added to the top-files table (guarded by lock)
@@ -356,13 +364,20 @@ class Engine:
         if ra.enabled:
             with entry.lock:
                 plan = entry.policy.on_read(offset, end - offset)
-                ranges = list(plan.prefetch)
                 planned = entry.range_plan is not None and entry.range_plan.contains(offset)
+                # inside a format plan the plan alone decides what to fetch ahead: it knows where
+                # the loader's ranges end, the stream policy would read on past them
                 if planned:
-                    ranges += entry.range_plan.advance(offset, end)
-            # whole blocks at demand priority only for a tight sequential stream; other reads in a
-            # planned range are served exactly while the plan's prefetch brings the blocks in order
-            sequential = plan.sequential
+                    ranges = entry.range_plan.advance(offset, end)
+                elif entry.planning and plan.prefetch and offset == 0:
+                    # the bet on a read from offset 0 waits for the format plan being made now
+                    ranges = []
+                else:
+                    ranges = list(plan.prefetch)
+            # whole blocks at demand priority only for a tight sequential stream (inside a plan: one
+            # whose run the plan confirmed); other reads are served exactly while the prefetch
+            # brings the blocks in order
+            sequential = plan.sequential and (not planned or entry.range_plan.confirmed)
             if planned and not plan.sequential and not entry.mmap_seen:
                 # out-of-order reads inside a planned range: page faults of an mmap load
                 entry.mmap_seen = True
@@ -376,7 +391,7 @@ class Engine:
             demand = self._reserve_demand(entry, offset, end) if sequential else []
             if ranges:
                 upto, complete = self._prefetch(entry, ranges)
-                if plan.prefetch:
+                if plan.prefetch and not planned:
                     with entry.lock:
                         entry.policy.scheduled(plan.stream, upto, complete)
         else:
@@ -485,48 +500,81 @@ class Engine:
         raise OSError(errno.EIO, "source read timed out", entry.path)
 
     def _read_direct(self, entry: FileEntry, pos: int, view: memoryview) -> int:
-        """Demand read of exactly ``view`` from the source (no caching), bounded by read_timeout."""
+        """Demand read of exactly ``view`` from the source (no caching), bounded by read_timeout.
+
+        A large page-aligned read (an mmap read-around, a loader's read outside any prefetch) goes
+        to the block-read streams (``O_DIRECT`` where the source has it) through a page-aligned
+        bounce buffer, split into up to ``source_streams`` pieces read in parallel: a buffered read
+        of a latency-bound source is cut by the source's own small read-ahead into round trips one
+        after the other, and one stream's bandwidth would bound it.
+        """
         src = self._get_source(entry)
         timeout = self.config.readahead.read_timeout
         length = len(view)
-        if not timeout:
+        aligned = length >= EXACT_ALIGNED_MIN and pos % DIRECT_ALIGN == 0
+        if not timeout and not aligned:
             try:
                 n = self._timed_pread(src, pos, view, entry.path)
             finally:
                 self._put_source(src)
             self.stats.add(m.BYTES_FETCHED_DEMAND, n)
             return n
-        bounce = bytearray(length)
-        result: list = []
+        pieces = max(1, min(self.config.readahead.source_streams, length // EXACT_SPLIT_MIN)) if aligned else 1
+        chunk = round_up(-(-length // pieces)) if aligned else length
+        spans = [(a, min(length, a + chunk)) for a in range(0, length, chunk)]
+        bounce = mmap.mmap(-1, round_up(length)) if aligned else bytearray(length)
+        results: list = [0] * len(spans)
+        remaining = [len(spans)]
         timed_out: list = []
+        guard = _thread.allocate_lock()
         done = _thread.allocate_lock()
         done.acquire()
 
-        def job() -> None:
-            try:
-                result.append(self._timed_pread(src, pos, memoryview(bounce), entry.path))
-            except OSError as e:
-                result.append(e)
-            finally:
-                self._put_source(src)
-                done.release()
-                if timed_out:  # the source answered at last: reads of this file may wait again
-                    with entry.lock:
-                        entry.stuck -= 1
+        def piece(i: int, a: int, b: int) -> Callable[[], None]:
+            def job() -> None:
+                try:
+                    with memoryview(bounce) as whole:
+                        part = whole[a : round_up(b) if aligned else b]
+                        results[i] = self._timed_pread(src, pos + a, part, entry.path, aligned=aligned)
+                        part.release()
+                except OSError as e:
+                    results[i] = e
+                with guard:
+                    remaining[0] -= 1
+                    last = remaining[0] == 0
+                if last:
+                    self._put_source(src)
+                    done.release()
+                    if timed_out:  # the source answered at last: reads of this file may wait again
+                        with entry.lock:
+                            entry.stuck -= 1
 
-        self.pool.submit_demand(job)
-        # while an earlier read of this file is stuck past the timeout, wait only briefly
-        if not done.acquire(timeout=min(timeout, RETRY_WAIT) if entry.stuck else timeout):
-            with entry.lock:
-                entry.stuck += 1
-            timed_out.append(True)
-            self._timed_out(entry)
-        outcome = result[0]
-        if isinstance(outcome, OSError):
-            raise outcome
-        view[:outcome] = memoryview(bounce)[:outcome]
-        self.stats.add(m.BYTES_FETCHED_DEMAND, outcome)
-        return outcome
+            return job
+
+        jobs = [piece(i, a, b) for i, (a, b) in enumerate(spans)]
+        if not timeout and len(jobs) == 1:
+            jobs[0]()
+        else:
+            for job in jobs:
+                self.pool.submit_demand(job)
+            # while an earlier read of this file is stuck past the timeout, wait only briefly
+            wait = (min(timeout, RETRY_WAIT) if entry.stuck else timeout) if timeout else -1
+            if not done.acquire(timeout=wait):
+                with entry.lock:
+                    entry.stuck += 1
+                timed_out.append(True)
+                self._timed_out(entry)
+        total = 0
+        for (a, b), outcome in zip(spans, results, strict=True):
+            if isinstance(outcome, OSError):
+                raise outcome
+            total += min(outcome, b - a)
+            if outcome < b - a:  # end of file (the source shrank): the rest is not contiguous
+                break
+        with memoryview(bounce) as held:
+            view[:total] = held[:total]
+        self.stats.add(m.BYTES_FETCHED_DEMAND, total)
+        return total
 
     def _timed_pread(self, src: SourceFile, pos: int, view: memoryview, path: str, aligned: bool = False) -> int:
         t0 = time.perf_counter()
@@ -609,12 +657,20 @@ class Engine:
             with entry.lock:
                 probe = not entry.probed
                 entry.probed = True
+                entry.planning = probe
             if probe and not self.pool.submit_prefetch(lambda: self._probe_format(entry)):
+                entry.planning = False
                 self.stats.add(m.BACKPRESSURE)
         self._scan_open(path, entry.size)
 
     def _probe_format(self, entry: FileEntry) -> None:
         """Read the head, parse it, queue the loader's ranges (runs on a pool worker)."""
+        try:
+            self._plan_format(entry)
+        finally:
+            entry.planning = False
+
+    def _plan_format(self, entry: FileEntry) -> None:
         if entry.handles == 0:
             return
 

@@ -20,14 +20,15 @@ new one, replacing the least recently used; losing a sequential stream that way 
 Streams that are not sequential never prefetch: their reads are served exactly as asked.
 
 Plans along ranges (:class:`RangePlan`) serve format-aware prefetch: the ranges a loader will
-read, in order, released ``lead`` bytes ahead of the furthest read, which also covers
-mmap-shaped loads whose page faults arrive out of order within those ranges. The lead starts
-small (a lazy loader that maps a file and touches one tensor must not pull the whole file) and
-doubles with every read inside the plan.
+read, in order. Beyond a small release at open, bytes are released only ahead of a *run* the
+reader has proven by reading it densely (reordered requests and mmap page faults from several
+threads join runs too), and within the tensor being read until the run crosses into the next: a
+lazy loader that maps a file and touches a page of every tensor must not pull the whole file.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 # Continuing reads before a stream counts as sequential (two could be coincidence, three is a pattern).
@@ -42,9 +43,23 @@ REORDER_REQUESTS = 16
 MAX_SLACK = 16 * 1024 * 1024
 # Streams tracked per file version (several processes or regions read one file at once).
 MAX_STREAMS = 8
-# Bytes of a format plan released around a read that jumps past the released region (one
-# kernel read-around of an mmap page fault).
-JUMP_LEAD = 1024 * 1024
+# Bytes a run of reads inside a format plan must cover before the plan releases anything ahead
+# of it: more than one mmap read-around (2 MiB around a faulting page at read_ahead_kb 1024), so a
+# lazy loader touching the first page of every tensor is served exactly what it reads.
+RUN_CONFIRM = 4 * 1024 * 1024
+# A read this close to a run joins it (the kernel reorders concurrent requests by a few MiB).
+RUN_SLACK = 4 * 1024 * 1024
+# A confirmed run gets this many times what it read released ahead (a fast ramp: a run is only
+# confirmed once the reader has read densely, and within one tensor the release stops at its end).
+RUN_LEAD_FACTOR = 4
+# Smallest release ahead of a confirmed run: two 4 MiB blocks per source stream in flight.
+RUN_MIN_LEAD = 32 * 1024 * 1024
+# A run counts as walking on into the following ranges (tensors) once it has read this far past
+# the end of the range it began in: more than the kernel's own read-ahead of an mmap reader past the
+# end of the tensor it is touching.
+RUN_CROSS = 8 * 1024 * 1024
+# Runs tracked per plan (threads of one mmap load touching different tensors).
+MAX_RUNS = 4
 # A read within this distance ahead of a stream's prefetched end triggers the next plan
 # (asynchronous read-ahead, like the kernel's PG_readahead mark), as a fraction of the window.
 TRIGGER_FRACTION = 0.5
@@ -171,81 +186,158 @@ class StreamPolicy:
 
 
 @dataclass
-class RangePlan:
-    """Ranges a loader will read, in order, released ``lead`` bytes ahead of the furthest read.
+class _Run:
+    """A contiguous region of a :class:`RangePlan` the reader is walking (plan positions)."""
 
-    Positions are counted in *plan order* (bytes of the ranges, one after the other). A read inside
-    the released region is a prefetch hit: the watermark moves to ``furthest read + lead``, and the
-    lead doubles (up to ``max_lead``) each time the reader has read half of it (bytes read, not
-    the distance it skipped). A read past the
-    watermark is a jump (an mmap user touching a tensor far ahead, or a lazy loader reading one
-    header per tensor): only :data:`JUMP_LEAD` bytes around it are released and the skipped gap is
-    left to the stream policy, so a loader that touches little does not pull the whole file.
+    start: int
+    end: int
+    read: int
+    first_range: int  # index of the range the run began in
+    crossed: bool = False  # the run went on into a following range
+
+
+class RangePlan:
+    """Ranges a loader will read, in order, released ahead of the reader as it proves it reads them.
+
+    Positions are counted in *plan order* (bytes of the ranges, one after the other). The first
+    call releases ``lead`` bytes from the start (the loader's first reads come right after its
+    header). After that nothing is released for a read until the region around it has been read
+    densely: reads join a *run* (a contiguous region, within :data:`RUN_SLACK` of it, so the
+    kernel's reordered requests and an mmap's read-around join too); once a run has read
+    :data:`RUN_CONFIRM` bytes, the plan releases ``RUN_LEAD_FACTOR`` x what the run read (at least
+    :data:`RUN_MIN_LEAD`, at most ``max_lead``) past the run's end. Until the run has crossed into a
+    following range (read :data:`RUN_CROSS` bytes past the end of the one it began in), the release
+    stops at the end of its own range: a reader that touches one tensor is shown to want that
+    tensor, not the next. A lazy loader that maps a file and touches
+    a page or two of every tensor never confirms a run, so it is served exactly what it reads.
+
+    Several runs are tracked at once (:data:`MAX_RUNS`: threads of one mmap load touching different
+    tensors). Released regions are remembered, so no byte is released twice.
 
     Not thread-safe; the engine calls it under the file's lock.
     """
 
-    ranges: tuple[tuple[int, int], ...]
-    """(offset, length) in the order the loader reads them."""
-    lead: int
-    """Bytes released ahead of the reader now; doubles each time the reader consumed half of it."""
-    max_lead: int = 0
-    """Cap of ``lead`` (0: ``lead`` never grows)."""
-    _released: int = 0  # plan position up to which bytes were released
-    _cursor: int = 0  # furthest plan position read
-    _consumed: int = 0  # bytes read inside released ranges since the lead last doubled
-
-    @property
-    def total(self) -> int:
-        return sum(length for _, length in self.ranges)
-
-    def _position(self, offset: int) -> tuple[int, int] | None:
-        """(plan position of offset, plan position where its range ends) or None outside the plan."""
+    def __init__(self, ranges: tuple[tuple[int, int], ...], lead: int, max_lead: int = 0) -> None:
+        self.ranges = tuple((start, length) for start, length in ranges if length > 0)
+        """(offset, length) in the order the loader reads them."""
+        self.lead = lead
+        """Bytes released by the first call (before any read)."""
+        self.max_lead = max(max_lead, RUN_MIN_LEAD)
+        """Cap of the bytes released ahead of one run."""
+        self._plan_starts: list[int] = []  # plan position of each range
         pos = 0
-        for start, length in self.ranges:
-            if start <= offset < start + length:
-                return pos + offset - start, pos + length
+        for _, length in self.ranges:
+            self._plan_starts.append(pos)
             pos += length
-        return None
+        self.total = pos
+        # ranges sorted by file offset, for bisect: (file start, range index)
+        self._by_offset = sorted((start, i) for i, (start, _) in enumerate(self.ranges))
+        self._offsets = [start for start, _ in self._by_offset]
+        self._released: list[tuple[int, int]] = []  # merged, sorted released plan intervals
+        self._runs: list[_Run] = []  # most recently used last
+        self.confirmed = False
+        """The last read's run is confirmed (the reader is walking the plan densely there)."""
+
+    def _locate(self, offset: int) -> int | None:
+        """Index of the range holding file ``offset``, or None (plans hold disjoint ranges; in a
+        malformed one that overlaps, only the range starting last at or before ``offset`` counts)."""
+        k = bisect.bisect_right(self._offsets, offset) - 1
+        if k < 0:
+            return None
+        start, i = self._by_offset[k]
+        return i if offset < start + self.ranges[i][1] else None
+
+    def contains(self, offset: int) -> bool:
+        return self._locate(offset) is not None
 
     def advance(self, offset: int = -1, end: int = 0) -> list[tuple[int, int]]:
         """A read of [offset, end) happened (offset -1: the initial call); returns newly due (start, stop)."""
         if offset < 0:
-            return self._release(self._released, self.lead)
-        where = self._position(offset)
-        if where is None:
+            return self._release(0, self.lead)
+        index = self._locate(offset)
+        if index is None:
             return []
-        position, range_end = where
-        stop = min(range_end, position + max(0, end - offset))
-        if position > self._released:  # a jump: release a little around it, leave the gap
-            self._cursor = max(self._cursor, stop)
-            return self._release(position, JUMP_LEAD)
-        self._cursor = max(self._cursor, stop)
-        self._consumed += stop - position
-        if self._consumed >= self.lead // 2:  # the reader read half a lead's worth: grow
-            self.lead = max(self.lead, min(self.max_lead, self.lead * 2))
-            self._consumed = 0
-        return self._release(self._released, self._cursor + self.lead - self._released)
+        start, length = self.ranges[index]
+        position = self._plan_starts[index] + offset - start
+        stop = self._plan_starts[index] + min(length, max(offset + 1, end) - start)
+        run = self._join(position, stop, index)
+        self.confirmed = run.read >= RUN_CONFIRM
+        if not self.confirmed:
+            return []
+        ahead = min(self.max_lead, max(RUN_MIN_LEAD, RUN_LEAD_FACTOR * run.read))
+        limit = run.end + ahead
+        if not run.crossed:
+            limit = min(limit, self._plan_starts[run.first_range] + self.ranges[run.first_range][1])
+        return self._release(run.end, limit)
 
-    def _release(self, start: int, length: int) -> list[tuple[int, int]]:
-        """Release plan positions [start, start + length) not released yet; returns file ranges."""
-        lo_target, hi_target = max(start, 0), start + length
-        if start < self._released:
-            lo_target = self._released
-        out: list[tuple[int, int]] = []
-        pos = 0
-        for file_start, n in self.ranges:
-            lo, hi = max(pos, lo_target), min(pos + n, hi_target)
-            if hi > lo:
-                out.append((file_start + lo - pos, file_start + hi - pos))
-            pos += n
-            if pos >= hi_target:
+    def _join(self, position: int, stop: int, index: int) -> _Run:
+        for run in reversed(self._runs):
+            if run.start - RUN_SLACK <= position <= run.end + RUN_SLACK:
+                run.start = min(run.start, position)
+                run.end = max(run.end, stop)
+                run.read += stop - position
+                if not run.crossed:
+                    first_end = self._plan_starts[run.first_range] + self.ranges[run.first_range][1]
+                    run.crossed = run.end >= first_end + RUN_CROSS
+                self._runs.remove(run)
+                self._runs.append(run)
+                return run
+        if len(self._runs) >= MAX_RUNS:
+            self._runs.pop(0)
+        run = _Run(position, stop, stop - position, index)
+        self._runs.append(run)
+        return run
+
+    def _release(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Release plan positions [lo, hi) not released yet; returns their file ranges in plan order."""
+        hi = min(hi, self.total)
+        if hi <= lo:
+            return []
+        fresh: list[tuple[int, int]] = []
+        cursor = lo
+        for a, b in self._released:
+            if b <= cursor:
+                continue
+            if a >= hi:
                 break
-        self._released = max(self._released, min(hi_target, pos))
+            if a > cursor:
+                fresh.append((cursor, a))
+            cursor = max(cursor, b)
+        if cursor < hi:
+            fresh.append((cursor, hi))
+        if not fresh:
+            return []
+        self._released = _merge([*self._released, (lo, hi)])
+        out: list[tuple[int, int]] = []
+        for a, b in fresh:
+            i = bisect.bisect_right(self._plan_starts, a) - 1
+            while a < b and i < len(self.ranges):
+                file_start, length = self.ranges[i]
+                plan_start = self._plan_starts[i]
+                piece_end = min(b, plan_start + length)
+                if piece_end > a:
+                    lo, hi = file_start + a - plan_start, file_start + piece_end - plan_start
+                    if out and out[-1][1] == lo:  # back-to-back tensors: one file range
+                        out[-1] = (out[-1][0], hi)
+                    else:
+                        out.append((lo, hi))
+                a = piece_end
+                i += 1
         return out
 
-    def contains(self, offset: int) -> bool:
-        return any(start <= offset < start + length for start, length in self.ranges)
+    @property
+    def released_bytes(self) -> int:
+        return sum(b - a for a, b in self._released)
+
+
+def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 @dataclass

@@ -429,3 +429,31 @@ def test_top_files_count_what_each_file_delivered_and_fetched(data_dir, tmp_path
         assert 1.0 <= big["amplification"] <= 1.5
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("timeout", ["0", "5"])
+def test_large_exact_reads_are_split_over_streams_and_byte_exact(data_dir, tmp_path, monkeypatch, timeout):
+    engine = make_engine(data_dir, tmp_path, **{"readahead.enabled": "false", "readahead.read_timeout": timeout})
+    expected = (data_dir / "big").read_bytes()
+    try:
+        r = engine.open("/big")
+        src = engine._handles[r.fh].src
+        real = type(src).read_into
+        pieces: list[tuple[int, int, bool]] = []
+
+        def counting(self, offset, view, aligned=False):
+            pieces.append((offset, len(view), aligned))
+            return real(self, offset, view, aligned)
+
+        monkeypatch.setattr(type(src), "read_into", counting)
+        for offset, size in [(0, MIB), (4096, 3 * MIB + 7), (19 * MIB, 2 * MIB), (8192, 4096)]:
+            pieces.clear()
+            assert engine.read(r.fh, offset, size) == expected[offset : offset + size]
+            if size >= MIB:  # split into page-aligned pieces read in parallel (a short tail goes as it is)
+                big = [p for p in pieces if p[1] >= 64 * 1024]
+                assert len(big) > 1 and all(aligned and off % 4096 == 0 for off, _, aligned in big)
+            else:  # a small read goes as it is
+                assert pieces == [(offset, size, False)]
+        engine.release(r.fh)
+    finally:
+        engine.close()

@@ -164,8 +164,19 @@ def samples() -> dict[str, bytes]:
 # -- units ----------------------------------------------------------------------------------------
 
 
-def test_normalize_merges_in_order_and_clips() -> None:
-    assert normalize([(0, 10), (10, 5)], 100) == ((0, 15),)
+def joined(ranges: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """Adjacent ranges joined (plans keep each record or tensor apart)."""
+    out: list[tuple[int, int]] = []
+    for start, length in ranges:
+        if out and out[-1][0] + out[-1][1] == start:
+            out[-1] = (out[-1][0], out[-1][1] + length)
+        else:
+            out.append((start, length))
+    return out
+
+
+def test_normalize_merges_overlaps_in_order_and_clips() -> None:
+    assert normalize([(0, 10), (10, 5)], 100) == ((0, 10), (10, 5))  # adjacent records stay apart
     assert normalize([(10, 5), (0, 10)], 100) == ((10, 5), (0, 10))  # order kept: not a forward run
     assert normalize([(0, 10), (20, 10), (5, 20)], 100) == ((0, 30),)  # overlap merges, transitively
     assert normalize([(-5, 10), (95, 10), (50, 0), (200, 4)], 100) == ((0, 5), (95, 5))
@@ -311,7 +322,8 @@ def test_safetensors_header_longer_than_head_uses_one_read() -> None:
     assert base > HEAD_BYTES
     plan, reader = plan_bytes(data)
     assert plan is not None and len(reader.calls) == 1
-    assert plan.ranges == ((HEAD_BYTES, len(data) - HEAD_BYTES),)
+    assert joined(plan.ranges) == [(HEAD_BYTES, len(data) - HEAD_BYTES)]  # the tensors, back to back
+    assert len(plan.ranges) == len(tensors) + 1  # one range per tensor plus the header's tail
     assert load(data)["big"].tobytes() in data[HEAD_BYTES:]
 
 

@@ -15,7 +15,7 @@ Design:
   reads and allows at most :data:`MAX_READS` calls of ``read_at`` per file; a parser that would need more
   falls back to a coarser (still sound) plan.
 - Plans are normalised by :func:`normalize`: clipped to the file, empty ranges dropped, consecutive
-  ranges merged where adjacent or overlapping (order kept, since order is the loader's order).
+  ranges merged where they overlap (order kept, since order is the loader's order; adjacent records stay apart).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Plan:
     format: str
     """Short format name: ``npy``, ``safetensors``, ``torchzip`` or ``pickle``."""
     ranges: tuple[tuple[int, int], ...]
-    """``(offset, length)`` pairs in the order the loader reads them; merged, clipped to the file, may be empty."""
+    """``(offset, length)`` pairs in the order the loader reads them; overlaps merged, clipped, may be empty."""
 
     @property
     def total(self) -> int:
@@ -46,18 +46,17 @@ class Plan:
 
 
 def _joins(earlier: tuple[int, int], later: tuple[int, int]) -> bool:
-    """True when ``later`` overlaps ``earlier`` or starts right where it ends (reading on is then one stream)."""
+    """True when ``later`` overlaps ``earlier``. Adjacent ranges stay apart: each is one record or
+    tensor, and the plan uses their boundaries (a reader touching one tensor wants that tensor)."""
     e_start, e_len = earlier
     l_start, l_len = later
-    e_end, l_end = e_start + e_len, l_start + l_len
-    return (l_start < e_end and l_end > e_start) or l_start == e_end
+    return l_start < e_start + e_len and l_start + l_len > e_start
 
 
 def normalize(ranges: Iterable[tuple[int, int]], size: int) -> tuple[tuple[int, int], ...]:
     """Clip ranges to ``[0, size)``, drop empty ones, merge each into the previous when :func:`_joins` says so.
 
-    Order is kept (it is the loader's order), so a range that ends right where the previous one starts is
-    not merged. Idempotent.
+    Order is kept (it is the loader's order); adjacent ranges are not merged. Idempotent.
     """
     out: list[tuple[int, int]] = []
     for offset, length in ranges:
