@@ -9,9 +9,14 @@ Read path. Each read of an open file version is fed to its :class:`StreamPolicy`
 continues a sequential stream is served from cache blocks: blocks it needs that are missing are
 fetched at demand priority, and the plan's window ahead is reserved and queued as prefetch
 (declined when the budget or the queue is full). A read of a stream that is not sequential goes to
-the source for exactly the bytes asked (no amplification for random access). Format-aware plans
-(:mod:`fastfs.fsio.formats`) and mmap-shaped reads use a :class:`RangePlan` released ahead of the
-furthest read. Every source read runs on the pool so a read can give up after
+the source for exactly the bytes asked (no amplification for random access); a large one (an mmap
+read-around) is split into page-aligned pieces read in parallel on the block-read streams.
+Format-aware plans (:mod:`fastfs.fsio.formats`) decide alone what is fetched ahead inside their
+ranges, mmap-shaped reads included: a :class:`RangePlan` releases one block at open, then bytes
+ahead of each run of reads the reader has proven dense, within the touched tensor until the run
+walks on into the next (a lazy loader touching a page of every tensor is served what it reads).
+While the format probe runs, a read from offset 0 does not make the stream policy's bet on a whole
+file read. Every source read runs on the pool so a read can give up after
 ``readahead.read_timeout`` (a hung source must not hang the application forever); results of such
 demand reads land in a private bounce buffer first, so a late completion never writes into a
 buffer the kernel already took back.
@@ -367,8 +372,10 @@ class Engine:
                 planned = entry.range_plan is not None and entry.range_plan.contains(offset)
                 # inside a format plan the plan alone decides what to fetch ahead: it knows where
                 # the loader's ranges end, the stream policy would read on past them
+                confirmed = True
                 if planned:
                     ranges = entry.range_plan.advance(offset, end)
+                    confirmed = entry.range_plan.confirmed
                 elif entry.planning and plan.prefetch and offset == 0:
                     # the bet on a read from offset 0 waits for the format plan being made now
                     ranges = []
@@ -377,7 +384,7 @@ class Engine:
             # whole blocks at demand priority only for a tight sequential stream (inside a plan: one
             # whose run the plan confirmed); other reads are served exactly while the prefetch
             # brings the blocks in order
-            sequential = plan.sequential and (not planned or entry.range_plan.confirmed)
+            sequential = plan.sequential and confirmed
             if planned and not plan.sequential and not entry.mmap_seen:
                 # out-of-order reads inside a planned range: page faults of an mmap load
                 entry.mmap_seen = True
