@@ -700,9 +700,13 @@ class Engine:
         if plan is None or not plan.ranges:
             return
         self.stats.add(m.FORMAT_PLANS)
+        # the release at open ends on a block boundary (a few bytes past it would fetch a whole block)
+        first = plan.ranges[0][0]
+        lead = (first + FORMAT_INITIAL_LEAD) // self.block_size * self.block_size - first
+        lead = lead if lead > 0 else FORMAT_INITIAL_LEAD
         with entry.lock:
             entry.range_plan = RangePlan(
-                tuple(plan.ranges), FORMAT_INITIAL_LEAD, max(FORMAT_LEAD, 2 * self.config.readahead.max_window)
+                tuple(plan.ranges), lead, max(FORMAT_LEAD, 2 * self.config.readahead.max_window)
             )
             ranges = entry.range_plan.advance()
         self._prefetch(entry, ranges)
