@@ -540,10 +540,8 @@ class Engine:
         def piece(i: int, a: int, b: int) -> Callable[[], None]:
             def job() -> None:
                 try:
-                    with memoryview(bounce) as whole:
-                        part = whole[a : round_up(b) if aligned else b]
-                        results[i] = self._timed_pread(src, pos + a, part, entry.path, aligned=aligned)
-                        part.release()
+                    part = memoryview(bounce)[a : round_up(b) if aligned else b]
+                    results[i] = self._timed_pread(src, pos + a, part, entry.path, aligned=aligned)
                 except OSError as e:
                     results[i] = e
                 with guard:
