@@ -38,10 +38,13 @@ def round_up(n: int, granule: int = PAGE) -> int:
 
 
 class Block:
-    """One cached range of a file version. ``length`` valid bytes live at the start of ``buf``."""
+    """One cached range of a file version, from file offset ``start``; ``length`` valid bytes live at
+    the start of ``buf``. Blocks with index >= 0 hold block ``index`` of the file; negative indexes
+    hold small extra ranges (a format plan's head windows) at any page-aligned ``start``."""
 
     __slots__ = (
         "key",
+        "start",
         "buf",
         "view",
         "capacity",
@@ -55,8 +58,9 @@ class Block:
         "job",
     )
 
-    def __init__(self, key: tuple, buf: mmap.mmap | bytearray, capacity: int, prefetched: bool) -> None:
+    def __init__(self, key: tuple, start: int, buf: mmap.mmap | bytearray, capacity: int, prefetched: bool) -> None:
         self.key = key
+        self.start = start
         self.buf = buf
         self.view = memoryview(buf)
         self.capacity = capacity
@@ -104,8 +108,11 @@ class BlockCache:
             block.pins -= 1
 
     # -- reservation --------------------------------------------------------------------------
-    def reserve(self, file_key: Hashable, index: int, size: int, prefetched: bool) -> tuple[Block | None, bool]:
-        """Reserve a pending block of ``size`` bytes capacity.
+    def reserve(
+        self, file_key: Hashable, index: int, size: int, prefetched: bool, start: int | None = None
+    ) -> tuple[Block | None, bool]:
+        """Reserve a pending block of ``size`` bytes capacity, holding the file from ``start`` (default:
+        ``index`` x block size).
 
         Returns ``(block, created)``: an existing block (pinned, created False), a new pending
         block (pinned, created True: the caller must fill it and call :meth:`complete`), or
@@ -130,7 +137,8 @@ class BlockCache:
                         self._account_evictions(evicted)
                         return None, False
                     self.reserved += capacity
-            block = Block(key, buf if buf is not None else _allocate(capacity), capacity, prefetched)
+            first = index * self.block_size if start is None else start
+            block = Block(key, first, buf if buf is not None else _allocate(capacity), capacity, prefetched)
             block.pins = 1
             self._blocks[key] = block
             self._by_file.setdefault(file_key, set()).add(index)

@@ -15,6 +15,9 @@ Format-aware plans (:mod:`fastfs.fsio.formats`) decide alone what is fetched ahe
 ranges, mmap-shaped reads included: a :class:`RangePlan` releases one block at open, then bytes
 ahead of each run of reads the reader has proven dense, within the touched tensor until the run
 walks on into the next (a lazy loader touching a page of every tensor is served what it reads).
+A plan's heads (the local header of every record of a torch zip, which ``torch.load`` reads one by
+one, each a source round trip) are fetched at open, in parallel, as small page windows kept in the
+cache under negative block indexes, and reads that fall inside one are served from it.
 While the format probe runs, a read from offset 0 does not make the stream policy's bet on a whole
 file read. Every source read runs on the pool so a read can give up after
 ``readahead.read_timeout`` (a hung source must not hang the application forever); results of such
@@ -44,6 +47,7 @@ lock is held across I/O or while waiting for a block; the cache and pool documen
 from __future__ import annotations
 
 import _thread
+import bisect
 import dataclasses
 import errno
 import logging
@@ -78,6 +82,14 @@ EXACT_SPLIT_MIN = 256 * 1024
 # Bytes of a format plan released at open, before any read: one block (the first tensor's start),
 # so a loader that then reads little does not pay for more; reads release the rest.
 FORMAT_INITIAL_LEAD = 4 * 1024 * 1024
+# Bytes fetched from the page of each head of a format plan (a zip local header): the kernel reads
+# a header as one or two pages from the page it starts in, so this holds that read whole.
+HEAD_WINDOW = 16 * 1024
+# Head windows are fetched only while they total at most 1/HEAD_SHARE of the planned bytes, so a
+# full load pays at most ~6 % extra for them (files of many tiny records are read in blocks anyway).
+HEAD_SHARE = 16
+# Cap of one file's head windows (1,024 records with 16 KiB windows).
+MAX_HEAD_BYTES = 16 * 1024 * 1024
 # How far ahead of the furthest read a format plan keeps its ranges in flight at most.
 FORMAT_LEAD = 256 * 1024 * 1024
 # Small files a scan keeps fetched ahead of the reader (bounds memory of huge directories).
@@ -131,6 +143,8 @@ class FileEntry:
     probed: bool = False
     planning: bool = False  # a format probe is queued or running (the plan will decide what to fetch)
     mmap_seen: bool = False
+    heads: tuple[tuple[int, ...], ...] = ()  # (start, end, cache index) of fetched head windows, by start
+    head_starts: tuple[int, ...] = ()  # their starts, for bisect (both replaced whole, read without lock)
     stuck: int = 0  # direct reads still running after their reader timed out (guarded by lock)
     delivered: int = 0  # bytes delivered, not yet added to the top-files table (guarded by lock)
     direct: int = 0  # bytes read from the source for them outside blocks, likewise
@@ -364,6 +378,12 @@ class Engine:
         if end <= offset:
             self.stats.request(0, 0)
             return 0
+        if entry.heads:
+            n = self._serve_head(entry, offset, end, dest)
+            if n >= 0:
+                self.stats.request(n, n)
+                self._account_file(entry, n, 0)
+                return n
         sequential = False
         ra = self.config.readahead
         if ra.enabled:
@@ -468,6 +488,23 @@ class Engine:
                 break
         return pos - offset, cached, direct
 
+    def _serve_head(self, entry: FileEntry, offset: int, end: int, dest: memoryview) -> int:
+        """Serve [offset, end) from a head window holding all of it; -1 when none does (or its fill failed)."""
+        k = bisect.bisect_right(entry.head_starts, offset) - 1
+        if k < 0:
+            return -1
+        _start, stop, index = entry.heads[k]
+        if end > stop:
+            return -1
+        block = self.cache.get(entry.key, index)
+        if block is None:
+            return -1
+        try:
+            n, _ = self._copy_block(entry, block, offset, end, dest, self.config.readahead.read_timeout or None)
+        finally:
+            self.cache.unpin(block)
+        return n if n == end - offset else -1
+
     def _copy_block(
         self, entry: FileEntry, block: Block, pos: int, stop: int, dest: memoryview, timeout: float | None
     ) -> tuple[int, int]:
@@ -489,7 +526,7 @@ class Engine:
                 self._timed_out(entry)
         if block.state == FAILED:
             return -1, 0
-        block_start = block.key[1] * self.block_size
+        block_start = block.start
         n = max(0, min(stop, block_start + block.length) - pos)
         if n == 0:
             return 0, 0
@@ -698,6 +735,7 @@ class Engine:
         if plan is None or not plan.ranges:
             return
         self.stats.add(m.FORMAT_PLANS)
+        self._fetch_heads(entry, plan)
         # the release at open ends on a block boundary (a few bytes past it would fetch a whole block)
         first = plan.ranges[0][0]
         lead = (first + FORMAT_INITIAL_LEAD) // self.block_size * self.block_size - first
@@ -708,6 +746,47 @@ class Engine:
             )
             ranges = entry.range_plan.advance()
         self._prefetch(entry, ranges)
+
+    def _fetch_heads(self, entry: FileEntry, plan: formats.Plan) -> None:
+        """Queue the page windows of a plan's heads (before its ranges: the loader reads them first)."""
+        windows: list[list[int]] = []
+        for offset, length in sorted(plan.heads):
+            start = offset // DIRECT_ALIGN * DIRECT_ALIGN
+            stop = min(entry.size, max(start + HEAD_WINDOW, round_up(offset + length)))
+            if windows and start <= windows[-1][1]:
+                windows[-1][1] = max(windows[-1][1], stop)
+            else:
+                windows.append([start, stop])
+        total = sum(b - a for a, b in windows)
+        if not windows or total > min(MAX_HEAD_BYTES, plan.total // HEAD_SHARE):
+            return
+        heads = []
+        for i, (start, stop) in enumerate(windows):
+            index = -1 - i  # negative: never a block index
+            block, created = self.cache.reserve(entry.key, index, stop - start, prefetched=True, start=start)
+            if block is None:
+                self.stats.add(m.BACKPRESSURE)
+                break
+            if created:
+                try:
+                    src = self._get_source(entry)
+                except OSError as e:
+                    self.cache.fail(block, e.errno or errno.EIO)
+                    self.cache.unpin(block)
+                    break
+                job = _FillJob(self, entry.path, src, block, start, stop - start, False)
+                block.job = job
+                if not self.pool.submit_prefetch(job):
+                    self._put_source(src)
+                    self.cache.fail(block, 0)
+                    self.cache.unpin(block)
+                    self.stats.add(m.BACKPRESSURE)
+                    break
+            self.cache.unpin(block)
+            heads.append((start, stop, index))
+        with entry.lock:
+            entry.heads = tuple(heads)
+            entry.head_starts = tuple(start for start, _, _ in heads)
 
     def _dir_scan(self, dir_path: str) -> DirScan:
         with self._dirs_lock:

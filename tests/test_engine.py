@@ -328,6 +328,38 @@ def test_npy_format_plan_prefetches_payload(data_dir, tmp_path):
         engine.close()
 
 
+def test_torch_record_headers_are_fetched_at_open_and_served_from_ram(data_dir, tmp_path):
+    import torch
+
+    gen = torch.Generator().manual_seed(3)
+    state = {f"w{i}": torch.rand(3 * MIB // 4, generator=gen) for i in range(4)}  # 3 MiB records
+    torch.save(state, data_dir / "ckpt.pt")
+    data = (data_dir / "ckpt.pt").read_bytes()
+    engine = make_engine(data_dir, tmp_path)
+    try:
+        r = engine.open("/ckpt.pt")
+        entry = engine._handles[r.fh]
+        deadline = time.monotonic() + 30
+        while not (entry.heads and all(engine.cache.peek(entry.key, i).state == READY for *_, i in entry.heads)):
+            assert time.monotonic() < deadline, "head windows were not fetched"
+            time.sleep(0.02)
+        # one window per storage record, each holding that record's local header
+        assert len(entry.heads) == len(state)
+        headers = [i for i in range(len(data)) if data.startswith(b"PK\x03\x04", i) and b"/data/" in data[i : i + 64]]
+        assert len(headers) == len(state)
+        preads = engine.snapshot()["counters"][m.PREADS]
+        for offset in headers:
+            page = offset // 4096 * 4096
+            buf = bytearray(8192)  # what the kernel asks when torch.load reads a header
+            assert engine.read_into(r.fh, page, memoryview(buf)) == 8192
+            assert bytes(buf) == data[page : page + 8192]
+        assert engine.snapshot()["counters"][m.PREADS] == preads  # all from RAM
+        assert read_all(engine, r.fh, len(data), MIB) == data  # payload reads unaffected
+        engine.release(r.fh)
+    finally:
+        engine.close()
+
+
 def test_reconfigure_changes_budget_and_reports_restart_keys(data_dir, tmp_path):
     engine = make_engine(data_dir, tmp_path)
     try:

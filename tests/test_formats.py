@@ -390,6 +390,9 @@ def test_torch_plan_directory_then_pickle_then_storages(protocol: int) -> None:
     big = sd["big.weight"].numpy().tobytes()
     assert covered(plan, data.find(big), len(big))
     assert 0.9 <= ratio(plan, len(data)) <= 1.01
+    # heads: the local header of every storage record (torch.load reads each before its payload)
+    assert sorted(plan.heads) == sorted((i.header_offset, 30 + len(i.filename.encode())) for i in storages)
+    assert all(data[offset : offset + 4] == b"PK\x03\x04" for offset, _ in plan.heads)
 
 
 def test_torch_storages_follow_pickle_order_not_file_order() -> None:
@@ -412,6 +415,7 @@ def test_torch_storages_follow_pickle_order_not_file_order() -> None:
     zf = zipfile.ZipFile(io.BytesIO(data))
     order = [_range_index(plan, _record_payload(zf, data, zf.getinfo(n))[0]) for n in storage_names]
     assert order == sorted(order) and len(set(order)) == len(order)  # key 0 first, as torch.load reads
+    assert [offset for offset, _ in plan.heads] == [zf.getinfo(n).header_offset for n in storage_names]
 
 
 def test_torch_many_tensors_stays_within_two_reads() -> None:

@@ -38,6 +38,10 @@ class Plan:
     """Short format name: ``npy``, ``safetensors``, ``torchzip`` or ``pickle``."""
     ranges: tuple[tuple[int, int], ...]
     """``(offset, length)`` pairs in the order the loader reads them; overlaps merged, clipped, may be empty."""
+    heads: tuple[tuple[int, int], ...] = ()
+    """``(offset, length)`` of small regions the loader reads first, one by one, before it reads the ranges
+    they head (zip local headers: ``torch.load`` reads every record's header as it meets the record,
+    with ``mmap=True`` all of them before any payload). The engine fetches them at once, in parallel."""
 
     @property
     def total(self) -> int:
@@ -136,7 +140,8 @@ def plan_for(head: bytes, size: int, read_at: ReadAt) -> Plan | None:
                 if plan is None:
                     return None
                 ranges = normalize(plan.ranges, size)
-                return plan if ranges == plan.ranges else Plan(plan.format, ranges)
+                heads = tuple((o, n) for o, n in plan.heads if o >= 0 and n > 0 and o + n <= size)
+                return Plan(plan.format, ranges, heads)
         return None
     except Exception:  # untrusted input or a failing source read: no plan, never a failed open
         return None

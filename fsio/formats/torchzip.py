@@ -14,7 +14,9 @@ file order, then the storage records in the order of their keys in ``data.pkl`` 
 scanning data.pkl's bytes for pickle string opcodes that spell a record key; records not found follow in
 file order). A record's range is its local header plus data: from its local header offset to the next
 record's (or the central directory's), capped by the largest local header + data + descriptor it can have,
-so no local header has to be read.
+so no local header has to be read. The storage records' local headers are also returned as the plan's
+``heads``: ``torch.load`` reads each one (a small read, one source round trip) when it meets the record,
+with ``mmap=True`` all of them before it touches any payload.
 
 Reads: one of the tail (:data:`TAIL_BYTES`, holds the directory of files with up to about two thousand
 records), one more for a larger directory or for a ``data.pkl`` longer than the head.
@@ -220,4 +222,6 @@ def plan(head: bytes, size: int, read_at: ReadAt) -> Plan | None:
     ranges = [(cd_offset, size - cd_offset), spans[pkl]]
     ranges += [spans[e] for e in others]
     ranges += [spans[e] for e in ordered]
-    return Plan("torchzip", normalize(ranges, size))
+    # the local header of each storage record, in the order torch.load looks them up
+    heads = tuple((e.offset, LOCAL_SIZE + e.name_len) for e in ordered)
+    return Plan("torchzip", normalize(ranges, size), heads)
