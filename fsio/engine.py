@@ -11,6 +11,8 @@ fetched at demand priority, and the plan's window ahead is reserved and queued a
 (declined when the budget or the queue is full). A read of a stream that is not sequential goes to
 the source for exactly the bytes asked (no amplification for random access); a large one (an mmap
 read-around) is split into page-aligned pieces read in parallel on the block-read streams.
+Block fills are split into pieces of at least :data:`FILL_SPLIT_MIN`, one per source stream, read
+in parallel; the last piece to finish completes the block (a failed piece fails it).
 Format-aware plans (:mod:`fastfs.fsio.formats`) decide alone what is fetched ahead inside their
 ranges, mmap-shaped reads included: a :class:`RangePlan` releases one block at open, then bytes
 ahead of each run of reads the reader has proven dense, within the touched tensor until the run
@@ -79,6 +81,10 @@ FORMAT_MIN_SIZE = 1024 * 1024
 EXACT_ALIGNED_MIN = 64 * 1024
 # Exact aligned reads are split into pieces of at least this size, one per source stream.
 EXACT_SPLIT_MIN = 256 * 1024
+# Block fills are split into pieces of at least this size, one per source stream, read in parallel:
+# a reader waiting for a block waits for its slowest piece, not for one stream to carry all of it,
+# and queued blocks complete in queue order instead of all together at the end.
+FILL_SPLIT_MIN = 1024 * 1024
 # Bytes of a format plan released at open, before any read: one block (the first tensor's start),
 # so a loader that then reads little does not pay for more; reads release the rest.
 FORMAT_INITIAL_LEAD = 4 * 1024 * 1024
@@ -515,9 +521,10 @@ class Engine:
         """
         ready = block.state == READY
         if not ready:
-            job = block.job
-            if job is not None and not job.demand:
-                self.pool.promote(job)
+            fill = block.job
+            if fill is not None and not fill.demand:
+                for piece in fill.pieces:
+                    self.pool.promote(piece)
             # an earlier reader already gave up on this fill: later ones (the kernel's own retry of
             # the failed request) wait only briefly for the source to come back
             wait = min(timeout, RETRY_WAIT) if timeout and block.errno == errno.ETIMEDOUT else timeout
@@ -563,12 +570,10 @@ class Engine:
                 self._put_source(src)
             self.stats.add(m.BYTES_FETCHED_DEMAND, n)
             return n
-        pieces = max(1, min(self.config.readahead.source_streams, length // EXACT_SPLIT_MIN)) if aligned else 1
-        chunk = round_up(-(-length // pieces)) if aligned else length
-        spans = [(a, min(length, a + chunk)) for a in range(0, length, chunk)]
+        parts = spans(length, min(self.config.readahead.source_streams, length // EXACT_SPLIT_MIN) if aligned else 1)
         bounce = mmap.mmap(-1, round_up(length)) if aligned else bytearray(length)
-        results: list = [0] * len(spans)
-        remaining = [len(spans)]
+        results: list = [0] * len(parts)
+        remaining = [len(parts)]
         timed_out: list = []
         guard = _thread.allocate_lock()
         done = _thread.allocate_lock()
@@ -593,7 +598,7 @@ class Engine:
 
             return job
 
-        jobs = [piece(i, a, b) for i, (a, b) in enumerate(spans)]
+        jobs = [piece(i, a, b) for i, (a, b) in enumerate(parts)]
         if not timeout and len(jobs) == 1:
             jobs[0]()
         else:
@@ -607,7 +612,7 @@ class Engine:
                 timed_out.append(True)
                 self._timed_out(entry)
         total = 0
-        for (a, b), outcome in zip(spans, results, strict=True):
+        for (a, b), outcome in zip(parts, results, strict=True):
             if isinstance(outcome, OSError):
                 raise outcome
             total += min(outcome, b - a)
@@ -640,25 +645,11 @@ class Engine:
             if not demand:
                 self.stats.add(m.BACKPRESSURE)
             return None
-        if created:
-            try:
-                src = self._get_source(entry)
-            except OSError as e:
-                self.cache.fail(block, e.errno or errno.EIO)
-                if keep_pin:
-                    return block
-                self.cache.unpin(block)
-                return None
-            job = _FillJob(self, entry.path, src, block, start, length, demand)
-            block.job = job
-            if demand:
-                self.pool.submit_demand(job)
-            elif not self.pool.submit_prefetch(job):
-                self._put_source(src)
-                self.cache.fail(block, 0)
-                self.cache.unpin(block)
-                self.stats.add(m.BACKPRESSURE)
-                return None
+        if created and not self._start_fill(entry, block, start, length, demand):
+            if keep_pin:
+                return block  # failed: the reader goes to the source directly
+            self.cache.unpin(block)
+            return None
         if not keep_pin:
             self.cache.unpin(block)
         return block
@@ -674,20 +665,53 @@ class Engine:
                 upto = min(stop, (index + 1) * bs)
         return upto, True
 
-    def _fill(self, path: str, src: SourceFile, block: Block, start: int, length: int, demand: bool) -> None:
-        """Worker side of a block fetch."""
+    def _start_fill(self, entry: FileEntry, block: Block, start: int, length: int, demand: bool) -> bool:
+        """Queue the fill of a block just reserved (the caller holds its pin) as parallel pieces.
+
+        False when it could not be queued (source unavailable, or prefetch declined: counted as
+        backpressure); the block has been failed then.
+        """
         try:
-            want = min(block.capacity, round_up(length))
-            n = self._timed_pread(src, start, block.view[:want], path, aligned=True)
+            src = self._get_source(entry)
         except OSError as e:
             self.cache.fail(block, e.errno or errno.EIO)
-            return
+            return False
+        want = min(block.capacity, round_up(length))
+        parts = min(self.config.readahead.source_streams, want // FILL_SPLIT_MIN)
+        fill = _Fill(self, entry.path, src, block, start, length, demand, spans(want, parts))
+        block.job = fill
+        if demand:
+            for piece in fill.pieces:
+                self.pool.submit_demand(piece)
+            return True
+        if self.pool.submit_prefetch_all(fill.pieces):
+            return True
+        block.job = None
+        self._put_source(src)
+        self.cache.fail(block, 0)
+        self.stats.add(m.BACKPRESSURE)
+        return False
+
+    def _complete_fill(self, fill: _Fill) -> None:
+        """The last piece of a fill finished: the block is complete, or failed if any piece failed."""
+        block = fill.block
+        try:
+            total = 0
+            for (a, b), outcome in zip(fill.spans, fill.results, strict=True):
+                if isinstance(outcome, OSError):
+                    block.job = None
+                    self.cache.fail(block, outcome.errno or errno.EIO)
+                    return
+                total += outcome
+                if outcome < b - a:  # end of file (the source shrank): the rest is not contiguous
+                    break
+            n = min(total, fill.length)
+            self.stats.add(m.BYTES_FETCHED_DEMAND if fill.demand else m.BYTES_FETCHED_PREFETCH, n)
+            self.stats.file_bytes(fill.path, fetched=n)
+            block.job = None
+            self.cache.complete(block, n)
         finally:
-            self._put_source(src)
-        n = min(n, length)
-        self.stats.add(m.BYTES_FETCHED_DEMAND if demand else m.BYTES_FETCHED_PREFETCH, n)
-        self.stats.file_bytes(path, fetched=n)
-        self.cache.complete(block, n)
+            self._put_source(fill.src)
 
     # == after open: formats, scans, learning =======================================================
     def _after_open(self, path: str, entry: FileEntry, probe: bool) -> None:
@@ -767,21 +791,9 @@ class Engine:
             if block is None:
                 self.stats.add(m.BACKPRESSURE)
                 break
-            if created:
-                try:
-                    src = self._get_source(entry)
-                except OSError as e:
-                    self.cache.fail(block, e.errno or errno.EIO)
-                    self.cache.unpin(block)
-                    break
-                job = _FillJob(self, entry.path, src, block, start, stop - start, False)
-                block.job = job
-                if not self.pool.submit_prefetch(job):
-                    self._put_source(src)
-                    self.cache.fail(block, 0)
-                    self.cache.unpin(block)
-                    self.stats.add(m.BACKPRESSURE)
-                    break
+            if created and not self._start_fill(entry, block, start, stop - start, demand=False):
+                self.cache.unpin(block)
+                break
             self.cache.unpin(block)
             heads.append((start, stop, index))
         with entry.lock:
@@ -1128,17 +1140,74 @@ class Engine:
         self.source.close()
 
 
-class _FillJob:
-    """A queued block fill (a plain object: cheaper than a closure per block)."""
+def spans(length: int, parts: int) -> list[tuple[int, int]]:
+    """``[0, length)`` cut into at most ``parts`` contiguous pieces with page-aligned starts."""
+    chunk = round_up(-(-length // max(1, parts)))
+    return [(a, min(length, a + chunk)) for a in range(0, length, chunk)]
 
-    __slots__ = ("engine", "path", "src", "block", "start", "length", "demand")
+
+class _Fill:
+    """One block's fill, read as one or more pieces (pool jobs); the last piece to finish completes it.
+
+    ``results`` and ``left`` are guarded by ``guard``; everything else is set once at creation.
+    ``demand`` is the priority it was queued with (a waiting reader promotes queued pieces).
+    """
+
+    __slots__ = (
+        "engine",
+        "path",
+        "src",
+        "block",
+        "start",
+        "length",
+        "demand",
+        "spans",
+        "pieces",
+        "results",
+        "left",
+        "guard",
+    )
 
     def __init__(
-        self, engine: Engine, path: str, src: SourceFile, block: Block, start: int, length: int, demand: bool
+        self,
+        engine: Engine,
+        path: str,
+        src: SourceFile,
+        block: Block,
+        start: int,
+        length: int,
+        demand: bool,
+        pieces: list[tuple[int, int]],
     ) -> None:
         self.engine, self.path, self.src, self.block = engine, path, src, block
         self.start, self.length, self.demand = start, length, demand
+        self.spans = pieces
+        self.pieces = [_Piece(self, i) for i in range(len(pieces))]
+        self.results: list[int | OSError] = [0] * len(pieces)
+        self.left = len(pieces)
+        self.guard = _thread.allocate_lock()
+
+
+class _Piece:
+    """One pread of a :class:`_Fill` (a plain object: cheaper than a closure per job)."""
+
+    __slots__ = ("fill", "index")
+
+    def __init__(self, fill: _Fill, index: int) -> None:
+        self.fill, self.index = fill, index
 
     def __call__(self) -> None:
-        self.block.job = None
-        self.engine._fill(self.path, self.src, self.block, self.start, self.length, self.demand)
+        fill = self.fill
+        a, b = fill.spans[self.index]
+        try:
+            outcome: int | OSError = fill.engine._timed_pread(
+                fill.src, fill.start + a, fill.block.view[a:b], fill.path, aligned=True
+            )
+        except OSError as e:  # kept without its traceback, whose frames hold a view of the block buffer
+            outcome = OSError(e.errno or errno.EIO, e.strerror, fill.path)
+        with fill.guard:
+            fill.results[self.index] = outcome
+            fill.left -= 1
+            last = fill.left == 0
+        if last:
+            fill.engine._complete_fill(fill)

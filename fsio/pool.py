@@ -62,6 +62,18 @@ class PreadPool:
             self._general.notify()
             return True
 
+    def submit_prefetch_all(self, jobs: list[Job]) -> bool:
+        """Queue several prefetch jobs together, or none of them (False: the queue has no room)."""
+        with self._lock:
+            if len(self._prefetch) + len(jobs) > self.prefetch_limit or self._stopping:
+                return False
+            self._prefetch.extend(jobs)
+            if len(jobs) == 1:
+                self._general.notify()
+            else:
+                self._general.notify(len(jobs))
+            return True
+
     def promote(self, job: Job) -> bool:
         """Move a queued prefetch job to the demand queue (a reader now waits for it)."""
         with self._lock:

@@ -489,3 +489,37 @@ def test_large_exact_reads_are_split_over_streams_and_byte_exact(data_dir, tmp_p
         engine.release(r.fh)
     finally:
         engine.close()
+
+
+def test_block_fills_are_split_over_streams_and_a_failed_piece_fails_the_block(data_dir, tmp_path, monkeypatch):
+    engine = make_engine(data_dir, tmp_path, **{"cache.block_size": "4M", "readahead.source_streams": "4"})
+    expected = (data_dir / "big").read_bytes()  # 20 MiB + 4097: the last block is 4097 bytes
+    try:
+        r = engine.open("/big")
+        src = engine._handles[r.fh].src
+        real = type(src).read_into
+        pieces: list[tuple[int, int, bool]] = []
+        fail_at: set[int] = set()
+
+        def counting(self, offset, view, aligned=False):
+            pieces.append((offset, len(view), aligned))
+            if offset in fail_at:
+                fail_at.discard(offset)  # once: the reader's direct read of the same bytes succeeds
+                raise OSError(errno.EIO, "injected")
+            return real(self, offset, view, aligned)
+
+        monkeypatch.setattr(type(src), "read_into", counting)
+        # one piece of the second block fails: its readers get the bytes from the source directly,
+        # the failure is not cached, and a later fill of the block succeeds
+        fail_at.add(4 * MIB + 2 * MIB)
+        assert read_all(engine, r.fh, len(expected), MIB) == expected
+        fills = [p for p in pieces if p[1] == MIB and p[2]]
+        assert {off for off, _, _ in fills} >= {i * MIB for i in range(20)}  # 1 MiB pieces cover the blocks
+        assert not fail_at and engine.snapshot()["errors"].get("EIO", 0) >= 1  # the failure happened
+        block = engine.cache.peek(engine._handles[r.fh].key, 1)
+        if block is not None:  # fetched again after the failure: whole and right
+            assert block.done.wait(10) and block.state == READY
+            assert bytes(block.view[: block.length]) == expected[4 * MIB : 8 * MIB]
+        engine.release(r.fh)
+    finally:
+        engine.close()
