@@ -89,12 +89,12 @@ FILL_SPLIT_MIN = 1024 * 1024
 # so a loader that then reads little does not pay for more; reads release the rest.
 FORMAT_INITIAL_LEAD = 4 * 1024 * 1024
 # Bytes fetched from the page of each head of a format plan (a zip local header): the kernel reads
-# a header as one or two pages from the page it starts in, so this holds that read whole.
-HEAD_WINDOW = 16 * 1024
+# a header as the two pages from the page it starts in (8 KiB requests), so this holds that read.
+HEAD_WINDOW = 8 * 1024
 # Head windows are fetched only while they total at most 1/HEAD_SHARE of the planned bytes, so a
 # full load pays at most ~6 % extra for them (files of many tiny records are read in blocks anyway).
 HEAD_SHARE = 16
-# Cap of one file's head windows (1,024 records with 16 KiB windows).
+# Cap of one file's head windows (2,048 records with 8 KiB windows).
 MAX_HEAD_BYTES = 16 * 1024 * 1024
 # How far ahead of the furthest read a format plan keeps its ranges in flight at most.
 FORMAT_LEAD = 256 * 1024 * 1024
