@@ -23,7 +23,10 @@ Workloads (``--only``):
 * ``epoch2``: the second epoch of a shuffled 10,000-small-file scan. fastfs: mount with a state
   directory, run epoch 1 (shuffle seed A), unmount, drop caches, remount with the SAME state
   directory (the learned access set is replayed), time epoch 2 (shuffle seed B). direct: a cold
-  scan in the epoch-2 order. Epoch 1's fastfs time is printed below the table.
+  scan in the epoch-2 order. Epoch 1's fastfs time is printed below the table;
+* ``safetensors_reload``, ``torch_mmap_reload``: the ``safetensors`` / ``torch_mmap`` load once more
+  after a remount with the state directory of a first load (fastfs remembers the file was read whole
+  and releases its plan whole at open), vs the same direct cold load.
 
 Run: ``python benchmarks/bench_formats.py [--scale 0.25] [--runs 3] [--only npy_mmap,epoch2]``
 """
@@ -88,6 +91,8 @@ WORKLOADS = (
     "ttft_torch_mmap",
     "ttft_paddle",
     "epoch2",
+    "safetensors_reload",
+    "torch_mmap_reload",
 )
 # Loader libraries each workload needs imported before timing.
 IMPORTS = {
@@ -98,6 +103,8 @@ IMPORTS = {
     "ttft_torch": "torch",
     "ttft_torch_mmap": "torch",
     "ttft_paddle": "paddle",
+    "safetensors_reload": "safetensors.torch",
+    "torch_mmap_reload": "torch",
 }
 # Shuffle seeds of the two epochs (different orders, as a training loop reshuffles every epoch).
 EPOCH1_SEED = SEED
@@ -116,7 +123,7 @@ def torch_first_tensor(path: str) -> float:
 
 
 class LearnedFastfs(Fastfs):
-    """A fastfs session whose state directory already holds what epoch 1 taught it."""
+    """A fastfs session whose state directory already holds what epoch 1 (a first load) taught it."""
 
     def __init__(self, src: str, mnt: str, options: list[str], epoch1: Callable[[str], Any], emu: Any) -> None:
         super().__init__(src, mnt, options, emu=emu)
@@ -169,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             large(name, ram.torch_state(), torch_first_tensor, with_bound=False)
         elif name == "ttft_paddle":
             large(name, ram.paddle_state(), paddle_load, with_bound=False)
+        elif name == "safetensors_reload":
+            large(name, ram.safetensors(), safetensors_load_touch)
+        elif name == "torch_mmap_reload":
+            large(name, ram.torch_state(), torch_load_touch)
     epoch_scans: dict[int, Callable[[str], Any]] = {}
     if "epoch2" in chosen:
         small = ram.small_dir()
@@ -200,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             contender: Fastfs = fastfs
             if name == "epoch2":
                 contender = LearnedFastfs(emu.mnt, fastfs_mnt, opts, epoch_scans[EPOCH1_SEED], emu)
+            elif name.endswith("_reload"):
+                contender = LearnedFastfs(emu.mnt, fastfs_mnt, opts, reader, emu)
             log(f"{name}: direct")
             d = measure(direct, [reader], args.runs)
             log(f"{name}: fastfs")
@@ -225,11 +238,16 @@ def main(argv: list[str] | None = None) -> int:
                     f.sizes(),
                 ]
             )
-            if isinstance(contender, LearnedFastfs):
+            if name == "epoch2" and isinstance(contender, LearnedFastfs):
                 notes.append(
                     f"epoch2: fastfs epoch 1 (fresh state) took {fmt_s(median(contender.epoch1_times))} s; "
                     f"learned plans replayed: {_counter(f, 'learned_plans')}, files used: "
                     f"{_counter(f, 'learned_files_used')}"
+                )
+            elif isinstance(contender, LearnedFastfs):
+                notes.append(
+                    f"{name}: fastfs first load (fresh state) took {fmt_s(median(contender.epoch1_times))} s; "
+                    f"plans released whole as learned: {_counter(f, 'learned_whole_plans')}"
                 )
             for who, cell in (("direct", d), ("fastfs", f), ("bound", b)):
                 if cell.error:

@@ -72,6 +72,7 @@ _PATTERNS: tuple[tuple[str, str], ...] = (
     (fstats.FORMAT_PLANS, "format"),
     (fstats.MMAP_STREAMS, "mmap"),
     (fstats.LEARNED_PLANS, "learned"),
+    (fstats.LEARNED_WHOLE, "learned_whole_file"),
 )
 # Gauges: (snapshot gauges key, exported name, help text).
 _GAUGES: tuple[tuple[str, str, str], ...] = (

@@ -104,7 +104,8 @@ def format_summary(snap: dict[str, Any]) -> str:
         f" ({c.get('sequential_resets', 0)} reset), {c.get('random_streams', 0)} random,"
         f" {c.get('small_file_scans', 0)} small-file scans ({c.get('small_file_scan_files', 0)} files),"
         f" {c.get('format_plans', 0)} format plans, {c.get('mmap_streams', 0)} mmap,"
-        f" {c.get('learned_plans', 0)} learned plans ({c.get('learned_files_used', 0)} files used)",
+        f" {c.get('learned_plans', 0)} learned plans ({c.get('learned_files_used', 0)} files used),"
+        f" {c.get('learned_whole_plans', 0)} files loaded whole as last time",
         f"  source preads      {lat.get('count', c.get('preads', 0))}, latency p50 {_ms(lat.get('p50'))},"
         f" p95 {_ms(lat.get('p95'))}, p99 {_ms(lat.get('p99'))}",
         "  errors             "

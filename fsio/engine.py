@@ -19,7 +19,10 @@ ahead of each run of reads the reader has proven dense, within the touched tenso
 walks on into the next (a lazy loader touching a page of every tensor is served what it reads).
 A plan's heads (the local header of every record of a torch zip, which ``torch.load`` reads one by
 one, each a source round trip) are fetched at open, in parallel, as small page windows kept in the
-cache under negative block indexes, and reads that fall inside one are served from it.
+cache under negative block indexes, and reads that fall inside one are served from it. When the
+last handle of a planned file closes, the share of the plan its readers read is remembered (with
+learning on); the next load of the same version, after a remount too, has its plan released whole
+at open if that load read (nearly) all of it.
 While the format probe runs, a read from offset 0 does not make the stream policy's bet on a whole
 file read. Every source read runs on the pool so a read can give up after
 ``readahead.read_timeout`` (a hung source must not hang the application forever); results of such
@@ -96,6 +99,9 @@ HEAD_WINDOW = 8 * 1024
 HEAD_SHARE = 16
 # Cap of one file's head windows (2,048 records with 8 KiB windows).
 MAX_HEAD_BYTES = 16 * 1024 * 1024
+# Share of a format plan the previous load of the file read from which the next load of the same
+# version gets its plan released whole at open (a loader that read nine tenths reads it all).
+WHOLE_SHARE = 0.9
 # How far ahead of the furthest read a format plan keeps its ranges in flight at most.
 FORMAT_LEAD = 256 * 1024 * 1024
 # Small files a scan keeps fetched ahead of the reader (bounds memory of huge directories).
@@ -331,6 +337,7 @@ class Engine:
                 src, entry.src = entry.src, None
         if last_handle:
             self._account_file(entry, 0, 0, flush=True)
+            self._learn_load(entry)
         if src is not None:
             self._put_source(src)
 
@@ -760,16 +767,27 @@ class Engine:
             return
         self.stats.add(m.FORMAT_PLANS)
         self._fetch_heads(entry, plan)
-        # the release at open ends on a block boundary (a few bytes past it would fetch a whole block)
-        first = plan.ranges[0][0]
-        lead = (first + FORMAT_INITIAL_LEAD) // self.block_size * self.block_size - first
-        lead = lead if lead > 0 else FORMAT_INITIAL_LEAD
+        max_lead = max(FORMAT_LEAD, 2 * self.config.readahead.max_window)
+        share = self.learn.file_share(entry.path, entry.size, entry.key[3]) if self.learn is not None else None
+        whole = share is not None and share >= WHOLE_SHARE
+        if whole:  # the last load of this version read it all: no need to wait for proof
+            self.stats.add(m.LEARNED_WHOLE)
+            lead = max_lead
+        else:  # the release at open ends on a block boundary (a few bytes past it would fetch a whole block)
+            first = plan.ranges[0][0]
+            lead = (first + FORMAT_INITIAL_LEAD) // self.block_size * self.block_size - first
+            lead = lead if lead > 0 else FORMAT_INITIAL_LEAD
         with entry.lock:
-            entry.range_plan = RangePlan(
-                tuple(plan.ranges), lead, max(FORMAT_LEAD, 2 * self.config.readahead.max_window)
-            )
+            entry.range_plan = RangePlan(tuple(plan.ranges), lead, max_lead, whole=whole)
             ranges = entry.range_plan.advance()
         self._prefetch(entry, ranges)
+
+    def _learn_load(self, entry: FileEntry) -> None:
+        """The last handle of a planned file closed: remember how much of its plan the load read."""
+        plan = entry.range_plan
+        if self.learn is None or plan is None or plan.read == 0 or plan.total == 0:
+            return  # nothing read through fastfs (the kernel's cache served it): nothing learned
+        self.learn.record_file(entry.path, entry.size, entry.key[3], plan.read / plan.total)
 
     def _fetch_heads(self, entry: FileEntry, plan: formats.Plan) -> None:
         """Queue the page windows of a plan's heads (before its ranges: the loader reads them first)."""

@@ -17,6 +17,12 @@ least :data:`MIN_FILES` are known. The order of an epoch tells how the job walks
 mostly ascending names means sorted access (the plan keeps the recorded order), anything else is a
 shuffle (the plan is the set in sorted order; the fetch order no longer matters, only the set).
 
+Whole-file loads. Per large file with a format plan (its FUSE path, size and mtime), the share of the
+plan its last load read (:meth:`~AccessLog.record_file`, when the file's last handle closes); the next
+load of the same version, after a remount too, finds it with :meth:`~AccessLog.file_share`, and the
+engine then releases the whole plan at open instead of waiting for the reader to prove a dense run.
+At most :data:`MAX_FILES` files are remembered (least recently used forgotten first).
+
 Accuracy. The first :meth:`~AccessLog.plan` of a directory in an epoch counts as a replay: its
 names become "outstanding"; :meth:`~AccessLog.note_plan_used` turns an outstanding name into a hit.
 :meth:`~AccessLog.accuracy` reports planned files vs hits (also counted into the engine's
@@ -70,6 +76,8 @@ EPOCH_REPEATS = 4
 SORTED_PAIR_FRACTION = 0.75
 # Seconds between periodic saves while the log is dirty (a crash loses at most this much learning).
 SAVE_INTERVAL = 60.0
+# Large files whose last load is remembered (a few hundred bytes each in memory, ~100 in the file).
+MAX_FILES = 4096
 # Version of the state file layout; a file with another version is ignored.
 STATE_VERSION = 1
 # Default state directory when neither state.dir nor $STATE_DIRECTORY is set.
@@ -165,6 +173,8 @@ class AccessLog:
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
         self._dirs: OrderedDict[str, _Dir] = OrderedDict()  # least recently used first
+        self._files: OrderedDict[str, tuple[int, int, float, float]] = OrderedDict()  # path -> (size,
+        # mtime_ns, share of its plan read, last used), least recently used first
         self._dirty = False
         self._planned = 0
         self._hits = 0
@@ -243,6 +253,24 @@ class AccessLog:
             self.stats.add(LEARNED_FILES_USED)
         return True
 
+    def record_file(self, path: str, size: int, mtime_ns: int, share: float) -> None:
+        """The load of file *path* (this size and mtime) that just ended read *share* of its format plan."""
+        with self._lock:
+            self._files.pop(path, None)
+            self._files[path] = (size, mtime_ns, min(1.0, max(0.0, share)), self._clock())
+            if len(self._files) > MAX_FILES:
+                self._files.popitem(last=False)
+            self._dirty = True
+
+    def file_share(self, path: str, size: int, mtime_ns: int) -> float | None:
+        """Share of its plan the last load of this version of *path* read, or None if unknown."""
+        with self._lock:
+            known = self._files.get(path)
+            if known is None or known[0] != size or known[1] != mtime_ns:
+                return None
+            self._files.move_to_end(path)
+            return known[2]
+
     def accuracy(self) -> dict[str, float]:
         """Files planned by replays, how many of them were then read, and the ratio."""
         with self._lock:
@@ -272,6 +300,7 @@ class AccessLog:
             with self._lock:
                 # Cheap copies under the lock (learned is only ever replaced); merging happens outside.
                 raw = [(d, e.last_used, e.learned, e.learned_shuffled, dict(e.current)) for d, e in self._dirs.items()]
+                files = list(self._files.items())
                 self._dirty = False
                 self._last_save = self._clock()
             snapshot = []
@@ -279,7 +308,7 @@ class AccessLog:
                 items, shuffled = _merge(learned, learned_shuffled, current)
                 if len(items) >= MIN_FILES:
                     snapshot.append((dir_path, last_used, shuffled, items))
-            text = self._encode(snapshot)
+            text = self._encode(snapshot, files)
             try:
                 self._write(text)
             except OSError as e:
@@ -289,12 +318,25 @@ class AccessLog:
                 return False
             return True
 
-    def _encode(self, snapshot: list[tuple[str, float, bool, list[tuple[str, int]]]]) -> str:
-        """JSON text of the most recently used directories that fit in ``max_bytes``."""
-        head = f'{{"version":{STATE_VERSION},"source":{json.dumps(self.source)},"dirs":{{'
-        tail = "}}"
-        used = len(head) + len(tail)
+    def _encode(
+        self,
+        snapshot: list[tuple[str, float, bool, list[tuple[str, int]]]],
+        files: list[tuple[str, tuple[int, int, float, float]]] | None = None,
+    ) -> str:
+        """JSON text of the most recently used files, then directories, that fit in ``max_bytes``."""
+        head = f'{{"version":{STATE_VERSION},"source":{json.dumps(self.source)},"files":{{'
+        used = len(head) + len('},"dirs":{}}')
         parts: list[str] = []
+        for path, (size, mtime_ns, share, last_used) in reversed(files or []):
+            part = json.dumps(path) + ":" + json.dumps([size, mtime_ns, round(share, 4), last_used])
+            cost = len(part) + (1 if parts else 0)
+            if used + cost > self.max_bytes:
+                break
+            parts.append(part)
+            used += cost
+        head += ",".join(parts) + '},"dirs":{'
+        tail = "}}"
+        parts = []
         # ensure_ascii (the default) keeps the text ASCII, so characters equal bytes, and escapes
         # the lone surrogates that stand for undecodable bytes in file names.
         for dir_path, last_used, shuffled, files in sorted(snapshot, key=lambda e: e[1], reverse=True):
@@ -342,16 +384,33 @@ class AccessLog:
             log.warning("ignoring corrupt learned access sets %s (starting empty): %s", self.path, e)
             return 0
         with self._lock:
-            self._dirs = dirs
+            self._dirs, self._files = dirs
             self._dirty = False
-        return len(dirs)
+        return len(dirs[0])
 
 
-def _decode(text: str) -> OrderedDict[str, _Dir]:
+def _decode(text: str) -> tuple[OrderedDict[str, _Dir], OrderedDict[str, tuple[int, int, float, float]]]:
     """Parse and validate a state file; raises ValueError/TypeError on anything malformed."""
     doc: Any = json.loads(text)
     if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
         raise ValueError("unknown state file version")
+    known = doc.get("files", {})
+    if not isinstance(known, dict):
+        raise TypeError("files is not an object")
+    files: list[tuple[str, tuple[int, int, float, float]]] = []
+    for path, item in known.items():
+        size, mtime_ns, share, last_used = item
+        if (
+            type(size) is not int
+            or type(mtime_ns) is not int
+            or not isinstance(share, (int, float))
+            or not isinstance(last_used, (int, float))
+            or size < 0
+            or not 0 <= share <= 1
+        ):
+            raise TypeError(f"bad file entry {path!r}")
+        files.append((path, (size, mtime_ns, float(share), float(last_used))))
+    files.sort(key=lambda e: e[1][3])  # least recently used first, as in memory
     raw = doc["dirs"]
     if not isinstance(raw, dict):
         raise TypeError("dirs is not an object")
@@ -370,4 +429,4 @@ def _decode(text: str) -> OrderedDict[str, _Dir]:
             learned[name] = size
         entries.append((dir_path, _Dir(learned=learned, learned_shuffled=shuffled, last_used=float(last_used))))
     entries.sort(key=lambda e: e[1].last_used)  # least recently used first, as in memory
-    return OrderedDict(entries[-MAX_DIRS:])
+    return OrderedDict(entries[-MAX_DIRS:]), OrderedDict(files[-MAX_FILES:])

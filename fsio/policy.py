@@ -24,6 +24,9 @@ read, in order. Beyond a small release at open, bytes are released only ahead of
 reader has proven by reading it densely (reordered requests and mmap page faults from several
 threads join runs too), and within the tensor being read until the run crosses into the next: a
 lazy loader that maps a file and touches a page of every tensor must not pull the whole file.
+A plan made for a file whose previous load read it whole (``whole``, learned) releases its first
+``lead`` bytes at open and does not stop runs at tensor ends. Plans count the bytes read inside
+them (``read``), which is what the engine remembers for the next load.
 """
 
 from __future__ import annotations
@@ -212,16 +215,22 @@ class RangePlan:
     a page or two of every tensor never confirms a run, so it is served exactly what it reads.
 
     Several runs are tracked at once (:data:`MAX_RUNS`: threads of one mmap load touching different
-    tensors). Released regions are remembered, so no byte is released twice.
+    tensors). Released regions are remembered, so no byte is released twice. With ``whole`` (the
+    previous load of this file read all of it) the release at open is usually the whole plan, and
+    runs are not held at the end of their range.
 
     Not thread-safe; the engine calls it under the file's lock.
     """
 
-    def __init__(self, ranges: tuple[tuple[int, int], ...], lead: int, max_lead: int = 0) -> None:
+    def __init__(self, ranges: tuple[tuple[int, int], ...], lead: int, max_lead: int = 0, whole: bool = False) -> None:
         self.ranges = tuple((start, length) for start, length in ranges if length > 0)
         """(offset, length) in the order the loader reads them."""
         self.lead = lead
         """Bytes released by the first call (before any read)."""
+        self.whole = whole
+        """The reader is expected to read the whole plan (learned from the previous load)."""
+        self.read = 0
+        """Bytes of reads that fell inside the plan (re-reads count again)."""
         self.max_lead = max(max_lead, RUN_MIN_LEAD)
         """Cap of the bytes released ahead of one run."""
         self._plan_starts: list[int] = []  # plan position of each range
@@ -260,13 +269,14 @@ class RangePlan:
         start, length = self.ranges[index]
         position = self._plan_starts[index] + offset - start
         stop = self._plan_starts[index] + min(length, max(offset + 1, end) - start)
+        self.read += stop - position
         run = self._join(position, stop, index)
         self.confirmed = run.read >= RUN_CONFIRM
         if not self.confirmed:
             return []
         ahead = min(self.max_lead, max(RUN_MIN_LEAD, RUN_LEAD_FACTOR * run.read))
         limit = run.end + ahead
-        if not run.crossed:
+        if not run.crossed and not self.whole:
             limit = min(limit, self._plan_starts[run.first_range] + self.ranges[run.first_range][1])
         return self._release(run.end, limit)
 

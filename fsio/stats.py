@@ -42,6 +42,7 @@ FORMAT_PLANS = "format_plans"  # opens whose header gave a prefetch plan
 MMAP_STREAMS = "mmap_streams"  # files read out of order inside a planned range (mmap page faults)
 LEARNED_PLANS = "learned_plans"  # learned access sets replayed
 LEARNED_FILES_USED = "learned_files_used"  # files of a replayed set that were then read
+LEARNED_WHOLE = "learned_whole_plans"  # format plans released whole at open: the last load read it all
 OPENS = "opens"
 TIMEOUTS = "read_timeouts"
 
@@ -66,6 +67,7 @@ COUNTERS = (
     MMAP_STREAMS,
     LEARNED_PLANS,
     LEARNED_FILES_USED,
+    LEARNED_WHOLE,
     OPENS,
     TIMEOUTS,
 )

@@ -360,6 +360,47 @@ def test_torch_record_headers_are_fetched_at_open_and_served_from_ram(data_dir, 
         engine.close()
 
 
+def test_file_read_whole_is_released_whole_at_open_next_time(data_dir, tmp_path):
+    arr = np.arange(12 * MIB // 8, dtype=np.float64)
+    np.save(data_dir / "a.npy", arr)
+    np.save(data_dir / "lazy.npy", arr)
+    expected = (data_dir / "a.npy").read_bytes()
+
+    def planned(engine, fh):
+        deadline = time.monotonic() + 30
+        while engine._handles[fh].range_plan is None:
+            assert time.monotonic() < deadline, "no format plan"
+            time.sleep(0.02)
+
+    first = make_engine(data_dir, tmp_path)
+    try:
+        whole, lazy = first.open("/a.npy"), first.open("/lazy.npy")
+        planned(first, whole.fh)
+        planned(first, lazy.fh)
+        assert read_all(first, whole.fh, len(expected), MIB) == expected  # read whole
+        assert first.read(lazy.fh, 6 * MIB, 4096) == expected[6 * MIB : 6 * MIB + 4096]  # one page
+        first.release(whole.fh)
+        first.release(lazy.fh)
+        assert first.snapshot()["counters"][m.LEARNED_WHOLE] == 0
+    finally:
+        first.close()  # saves what it learned
+    second = make_engine(data_dir, tmp_path)  # same state directory: a remount
+    try:
+        r = second.open("/a.npy")
+        planned(second, r.fh)
+        counters = second.snapshot()["counters"]
+        assert counters[m.LEARNED_WHOLE] == 1
+        assert counters[m.BYTES_FETCHED_PREFETCH] >= len(expected) - 2 * MIB  # queued at open, no read yet
+        assert read_all(second, r.fh, len(expected), MIB) == expected
+        second.release(r.fh)
+        r = second.open("/lazy.npy")  # read lazily last time: the cautious plan
+        planned(second, r.fh)
+        assert second.snapshot()["counters"][m.LEARNED_WHOLE] == 1
+        second.release(r.fh)
+    finally:
+        second.close()
+
+
 def test_reconfigure_changes_budget_and_reports_restart_keys(data_dir, tmp_path):
     engine = make_engine(data_dir, tmp_path)
     try:

@@ -291,6 +291,53 @@ def test_load_missing_file_is_empty(tmp_path: Path, caplog: pytest.LogCaptureFix
     assert not caplog.records  # a first start is not a problem
 
 
+# -- whole-file loads ------------------------------------------------------------------------------
+
+
+def test_file_share_round_trip_and_version_match(tmp_path: Path) -> None:
+    log = make_log(tmp_path)
+    assert log.file_share("/m/model.safetensors", 100, 5) is None
+    log.record_file("/m/model.safetensors", 100, 5, 0.97)
+    log.record_file("/m/lazy.pt", 300, 7, 0.05)
+    log.record_file("/m/odd.pt", 10, 1, 3.0)  # clamped
+    assert log.file_share("/m/model.safetensors", 100, 5) == 0.97
+    assert log.file_share("/m/model.safetensors", 101, 5) is None  # another version: unknown
+    assert log.file_share("/m/model.safetensors", 100, 6) is None
+    assert log.file_share("/m/odd.pt", 10, 1) == 1.0
+    assert log.dirty and log.save()
+    fresh = make_log(tmp_path)
+    fresh.load()
+    assert fresh.file_share("/m/model.safetensors", 100, 5) == 0.97
+    assert fresh.file_share("/m/lazy.pt", 300, 7) == 0.05
+    log.record_file("/m/model.safetensors", 100, 5, 0.2)  # the latest load wins
+    assert log.file_share("/m/model.safetensors", 100, 5) == 0.2
+
+
+def test_files_remembered_are_capped_lru(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(learn, "MAX_FILES", 3)
+    log = make_log(tmp_path)
+    for i in range(4):
+        log.record_file(f"/f{i}", 1, 1, 1.0)
+    assert log.file_share("/f0", 1, 1) is None and log.file_share("/f3", 1, 1) == 1.0
+    log.file_share("/f1", 1, 1)  # used: now the most recent
+    log.record_file("/f4", 1, 1, 1.0)
+    assert log.file_share("/f1", 1, 1) == 1.0 and log.file_share("/f2", 1, 1) is None
+
+
+def test_file_entries_fit_the_byte_bound_first(tmp_path: Path) -> None:
+    log = make_log(tmp_path, max_bytes=400)
+    for n in names(10):
+        log.record_open("/d", n, 1)
+    for i in range(20):
+        log.record_file(f"/big{i:02d}", 1 << 30, i, 1.0)
+    assert log.save()
+    assert os.path.getsize(log.path) <= 400
+    fresh = make_log(tmp_path, max_bytes=400)
+    fresh.load()
+    kept = [i for i in range(20) if fresh.file_share(f"/big{i:02d}", 1 << 30, i) is not None]
+    assert kept and kept == list(range(20 - len(kept), 20))  # the most recent ones
+
+
 CORRUPT = [
     b"",
     b"\x00\xff garbage \x80",
@@ -308,6 +355,11 @@ CORRUPT = [
     b'{"version":1,"dirs":{"/d":{"t":1,"s":0,"f":[]}}}',
     b"[" * 100_000,
     '{"version":1,"dirs":{"/d":{"t":1,"s":false,"f":[["\u00e9",1]]}}}'.encode(),  # not ASCII
+    b'{"version":1,"files":[],"dirs":{}}',
+    b'{"version":1,"files":{"/m":[1,2,0.5]},"dirs":{}}',
+    b'{"version":1,"files":{"/m":[1,2,1.5,3]},"dirs":{}}',
+    b'{"version":1,"files":{"/m":[-1,2,0.5,3]},"dirs":{}}',
+    b'{"version":1,"files":{"/m":["1",2,0.5,3]},"dirs":{}}',
 ]
 
 

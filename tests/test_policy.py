@@ -12,6 +12,7 @@ from fastfs.fsio.policy import (
     MAX_STREAMS,
     RUN_CONFIRM,
     RUN_CROSS,
+    RUN_MIN_LEAD,
     SEQ_MIN_BYTES,
     RangePlan,
     ScanPolicy,
@@ -168,6 +169,29 @@ def test_range_plan_lazy_touch_of_every_tensor_releases_nothing():
         for lo, hi in pair[::-1] if i % 2 else pair:
             released += plan.advance(lo, hi)
     assert sum(b - a for a, b in released) == 4 * MIB  # only the release at open
+
+
+def test_range_plan_whole_releases_its_lead_at_open_and_runs_cross_tensors():
+    ranges = tensors()
+    total = sum(n for _, n in ranges)
+    plan = RangePlan(ranges, lead=8 * MIB, max_lead=64 * MIB, whole=True)
+    released = plan.advance()
+    assert sum(b - a for a, b in released) == 8 * MIB  # at open, before any read
+    first_end = ranges[0][0] + ranges[0][1]
+    pos = ranges[0][0]
+    while pos < first_end:  # a dense run inside the first tensor is released past its end at once
+        released += plan.advance(pos, pos + MIB)
+        pos += MIB
+    assert max(b for _, b in released) >= first_end + RUN_MIN_LEAD  # not held at the tensor end
+    assert plan.read == first_end - ranges[0][0] and plan.read < total
+
+
+def test_range_plan_counts_bytes_read_inside_it():
+    plan = RangePlan(((0, 10 * MIB), (20 * MIB, 10 * MIB)), lead=0)
+    plan.advance(MIB, 2 * MIB)
+    plan.advance(15 * MIB, 16 * MIB)  # outside: not counted
+    plan.advance(29 * MIB, 31 * MIB)  # clipped to the range
+    assert plan.read == 2 * MIB
 
 
 def test_range_plan_dense_run_stays_in_its_tensor_until_it_walks_on():
