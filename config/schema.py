@@ -100,7 +100,8 @@ class ReadaheadConfig:
     formats: bool = True
     """Parse .npy / safetensors / torch zip / pickle headers on open and prefetch what the loader will read."""
     learn: bool = True
-    """Record per-directory access sets under state.dir and prefetch them on the next epoch or mount."""
+    """Record per-directory access sets (and which checkpoints were loaded whole) under state.dir and
+    prefetch them on the next epoch or mount."""
     source_direct_io: bool = True
     """Read the source with O_DIRECT where supported (avoids double caching; falls back silently)."""
     source_streams: int = 4
@@ -158,7 +159,7 @@ class StatsConfig:
 
 @dataclass(frozen=True)
 class StateConfig:
-    """Persistent state (learned access sets)."""
+    """Persistent state (learned access sets and whole-file loads)."""
 
     dir: str = ""
     """Directory for learned access sets; empty uses $STATE_DIRECTORY, else /var/lib/fastfs."""
