@@ -55,6 +55,7 @@ import _thread
 import bisect
 import dataclasses
 import errno
+import functools
 import logging
 import mmap
 import os
@@ -530,8 +531,8 @@ class Engine:
         if not ready:
             fill = block.job
             if fill is not None and not fill.demand:
-                for piece in fill.pieces:
-                    self.pool.promote(piece)
+                for job in fill.jobs:
+                    self.pool.promote(job)
             # an earlier reader already gave up on this fill: later ones (the kernel's own retry of
             # the failed request) wait only briefly for the source to come back
             wait = min(timeout, RETRY_WAIT) if timeout and block.errno == errno.ETIMEDOUT else timeout
@@ -577,56 +578,38 @@ class Engine:
                 self._put_source(src)
             self.stats.add(m.BYTES_FETCHED_DEMAND, n)
             return n
-        parts = spans(length, min(self.config.readahead.source_streams, length // EXACT_SPLIT_MIN) if aligned else 1)
-        bounce = mmap.mmap(-1, round_up(length)) if aligned else bytearray(length)
-        results: list = [0] * len(parts)
-        remaining = [len(parts)]
-        timed_out: list = []
-        guard = _thread.allocate_lock()
+        size = round_up(length) if aligned else length
+        parts = spans(size, min(self.config.readahead.source_streams, length // EXACT_SPLIT_MIN) if aligned else 1)
         done = _thread.allocate_lock()
         done.acquire()
 
-        def piece(i: int, a: int, b: int) -> Callable[[], None]:
-            def job() -> None:
-                try:
-                    part = memoryview(bounce)[a : round_up(b) if aligned else b]
-                    results[i] = self._timed_pread(src, pos + a, part, entry.path, aligned=aligned)
-                except OSError as e:
-                    results[i] = e
-                with guard:
-                    remaining[0] -= 1
-                    last = remaining[0] == 0
-                if last:
-                    self._put_source(src)
-                    done.release()
-                    if timed_out:  # the source answered at last: reads of this file may wait again
-                        with entry.lock:
-                            entry.stuck -= 1
-
-            return job
-
-        jobs = [piece(i, a, b) for i, (a, b) in enumerate(parts)]
-        if not timeout and len(jobs) == 1:
-            jobs[0]()
-        else:
-            for job in jobs:
-                self.pool.submit_demand(job)
-            # while an earlier read of this file is stuck past the timeout, wait only briefly
-            wait = (min(timeout, RETRY_WAIT) if entry.stuck else timeout) if timeout else -1
-            if not done.acquire(timeout=wait):
+        def finished(batch: _Preads) -> None:
+            self._put_source(src)
+            if batch.abandoned:  # the source answered at last: reads of this file may wait again
                 with entry.lock:
-                    entry.stuck += 1
-                timed_out.append(True)
+                    entry.stuck -= 1
+            done.release()
+
+        bounce = mmap.mmap(-1, size) if aligned else bytearray(length)
+        batch = _Preads(self, entry.path, src, pos, memoryview(bounce), parts, aligned, True, finished)
+        if not timeout and len(batch.jobs) == 1:
+            batch.jobs[0]()
+        else:
+            for job in batch.jobs:
+                self.pool.submit_demand(job)
+        # while an earlier read of this file is stuck past the timeout, wait only briefly
+        wait = (min(timeout, RETRY_WAIT) if entry.stuck else timeout) if timeout else -1
+        if not done.acquire(timeout=wait):
+            with batch.guard:
+                batch.abandoned = batch.left > 0
+                if batch.abandoned:
+                    with entry.lock:
+                        entry.stuck += 1
+            if batch.abandoned:
                 self._timed_out(entry)
-        total = 0
-        for (a, b), outcome in zip(parts, results, strict=True):
-            if isinstance(outcome, OSError):
-                raise outcome
-            total += min(outcome, b - a)
-            if outcome < b - a:  # end of file (the source shrank): the rest is not contiguous
-                break
-        with memoryview(bounce) as held:
-            view[:total] = held[:total]
+            done.acquire()  # it finished as the wait ended: the results are in
+        total = min(batch.total(), length)
+        view[:total] = batch.view[:total]
         self.stats.add(m.BYTES_FETCHED_DEMAND, total)
         return total
 
@@ -684,14 +667,15 @@ class Engine:
             self.cache.fail(block, e.errno or errno.EIO)
             return False
         want = min(block.capacity, round_up(length))
-        parts = min(self.config.readahead.source_streams, want // FILL_SPLIT_MIN)
-        fill = _Fill(self, entry.path, src, block, start, length, demand, spans(want, parts))
+        parts = spans(want, min(self.config.readahead.source_streams, want // FILL_SPLIT_MIN))
+        done = functools.partial(self._complete_fill, block, length)
+        fill = _Preads(self, entry.path, src, start, block.view, parts, True, demand, done)
         block.job = fill
         if demand:
-            for piece in fill.pieces:
-                self.pool.submit_demand(piece)
+            for job in fill.jobs:
+                self.pool.submit_demand(job)
             return True
-        if self.pool.submit_prefetch_all(fill.pieces):
+        if self.pool.submit_prefetch_all(fill.jobs):
             return True
         block.job = None
         self._put_source(src)
@@ -699,23 +683,17 @@ class Engine:
         self.stats.add(m.BACKPRESSURE)
         return False
 
-    def _complete_fill(self, fill: _Fill) -> None:
-        """The last piece of a fill finished: the block is complete, or failed if any piece failed."""
-        block = fill.block
+    def _complete_fill(self, block: Block, length: int, fill: _Preads) -> None:
+        """The last piece of a block's fill finished: the block is complete, or failed if a piece failed."""
         try:
-            total = 0
-            for (a, b), outcome in zip(fill.spans, fill.results, strict=True):
-                if isinstance(outcome, OSError):
-                    block.job = None
-                    self.cache.fail(block, outcome.errno or errno.EIO)
-                    return
-                total += outcome
-                if outcome < b - a:  # end of file (the source shrank): the rest is not contiguous
-                    break
-            n = min(total, fill.length)
+            block.job = None
+            try:
+                n = min(fill.total(), length)
+            except OSError as e:
+                self.cache.fail(block, e.errno or errno.EIO)
+                return
             self.stats.add(m.BYTES_FETCHED_DEMAND if fill.demand else m.BYTES_FETCHED_PREFETCH, n)
             self.stats.file_bytes(fill.path, fetched=n)
-            block.job = None
             self.cache.complete(block, n)
         finally:
             self._put_source(fill.src)
@@ -1164,25 +1142,30 @@ def spans(length: int, parts: int) -> list[tuple[int, int]]:
     return [(a, min(length, a + chunk)) for a in range(0, length, chunk)]
 
 
-class _Fill:
-    """One block's fill, read as one or more pieces (pool jobs); the last piece to finish completes it.
+class _Preads:
+    """One source read cut into pieces (``spans`` of ``view``, from file offset ``pos``) run in parallel as
+    pool jobs (``jobs``); the last piece to finish calls ``done(self)``.
 
-    ``results`` and ``left`` are guarded by ``guard``; everything else is set once at creation.
-    ``demand`` is the priority it was queued with (a waiting reader promotes queued pieces).
+    ``results`` holds each piece's byte count or error (an ``OSError`` without its traceback, whose
+    frames would keep views of ``view`` alive). ``results``, ``left`` and ``abandoned`` (a reader gave up
+    waiting) are guarded by ``guard``; the rest is set once. ``demand`` is the priority the jobs were
+    queued with (a reader waiting for a queued prefetch promotes its jobs).
     """
 
     __slots__ = (
         "engine",
         "path",
         "src",
-        "block",
-        "start",
-        "length",
-        "demand",
+        "pos",
+        "view",
         "spans",
-        "pieces",
+        "aligned",
+        "demand",
+        "done",
+        "jobs",
         "results",
         "left",
+        "abandoned",
         "guard",
     )
 
@@ -1191,41 +1174,54 @@ class _Fill:
         engine: Engine,
         path: str,
         src: SourceFile,
-        block: Block,
-        start: int,
-        length: int,
-        demand: bool,
+        pos: int,
+        view: memoryview,
         pieces: list[tuple[int, int]],
+        aligned: bool,
+        demand: bool,
+        done: Callable[[_Preads], None],
     ) -> None:
-        self.engine, self.path, self.src, self.block = engine, path, src, block
-        self.start, self.length, self.demand = start, length, demand
-        self.spans = pieces
-        self.pieces = [_Piece(self, i) for i in range(len(pieces))]
+        self.engine, self.path, self.src, self.pos, self.view = engine, path, src, pos, view
+        self.spans, self.aligned, self.demand, self.done = pieces, aligned, demand, done
+        self.jobs = [_Pread(self, i) for i in range(len(pieces))]
         self.results: list[int | OSError] = [0] * len(pieces)
         self.left = len(pieces)
+        self.abandoned = False
         self.guard = _thread.allocate_lock()
 
+    def total(self) -> int:
+        """Bytes read contiguously from the start (a short piece is the end of the file); raises the
+        first piece's error."""
+        total = 0
+        for (a, b), outcome in zip(self.spans, self.results, strict=True):
+            if isinstance(outcome, OSError):
+                raise outcome
+            total += min(outcome, b - a)
+            if outcome < b - a:
+                break
+        return total
 
-class _Piece:
-    """One pread of a :class:`_Fill` (a plain object: cheaper than a closure per job)."""
 
-    __slots__ = ("fill", "index")
+class _Pread:
+    """One piece of a :class:`_Preads` (a plain object: cheaper than a closure per job)."""
 
-    def __init__(self, fill: _Fill, index: int) -> None:
-        self.fill, self.index = fill, index
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch: _Preads, index: int) -> None:
+        self.batch, self.index = batch, index
 
     def __call__(self) -> None:
-        fill = self.fill
-        a, b = fill.spans[self.index]
+        batch = self.batch
+        a, b = batch.spans[self.index]
         try:
-            outcome: int | OSError = fill.engine._timed_pread(
-                fill.src, fill.start + a, fill.block.view[a:b], fill.path, aligned=True
+            outcome: int | OSError = batch.engine._timed_pread(
+                batch.src, batch.pos + a, batch.view[a:b], batch.path, aligned=batch.aligned
             )
-        except OSError as e:  # kept without its traceback, whose frames hold a view of the block buffer
-            outcome = OSError(e.errno or errno.EIO, e.strerror, fill.path)
-        with fill.guard:
-            fill.results[self.index] = outcome
-            fill.left -= 1
-            last = fill.left == 0
+        except OSError as e:
+            outcome = OSError(e.errno or errno.EIO, e.strerror, batch.path)
+        with batch.guard:
+            batch.results[self.index] = outcome
+            batch.left -= 1
+            last = batch.left == 0
         if last:
-            fill.engine._complete_fill(fill)
+            batch.done(batch)
