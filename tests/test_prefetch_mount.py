@@ -135,3 +135,22 @@ def test_learned_set_is_replayed_after_remount(src, mnt, tmp_path):
         c2 = counters(m)
         assert c2["learned_files_used"] >= len(order) - 1
         assert c2["preads"] == c["preads"]
+
+
+def test_checkpoint_read_whole_is_released_whole_after_remount(src, mnt, tmp_path):
+    arr = np.random.default_rng(6).standard_normal(12 * MIB // 8)
+    np.save(src / "ckpt.npy", arr)
+    size = os.path.getsize(src / "ckpt.npy")
+    state = tmp_path / "learned-state"
+    state.mkdir()
+    env = {"STATE_DIRECTORY": str(state)}
+    with mounted(src, mnt, env=env) as m:
+        with open(mnt / "ckpt.npy", "rb") as f:
+            assert wait_for(lambda: counters(m)["format_plans"] == 1)
+            assert np.array_equal(np.load(f), arr)
+        assert counters(m)["learned_whole_plans"] == 0
+    with mounted(src, mnt, env=env) as m, open(mnt / "ckpt.npy", "rb") as f:
+        assert wait_for(lambda: counters(m)["learned_whole_plans"] == 1)
+        # the whole payload is on its way before the loader reads past the header
+        assert wait_for(lambda: counters(m)["bytes_fetched_prefetch"] >= size - 2 * MIB)
+        assert np.array_equal(np.load(f), arr)
