@@ -368,9 +368,17 @@ class Daemon:
     def _await_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT
         entry = None
-        while not self._fuse_done.is_set():
-            entry = find_mount(self.mountpoint)
-            if entry is not None and entry.fstype == FSTYPE and self._init_done.is_set():
+        while True:
+            if self._init_done.is_set():
+                entry = find_mount(self.mountpoint)
+                if entry is not None and entry.fstype == FSTYPE:
+                    break
+            if self._fuse_done.is_set():
+                # The kernel's INIT only reaches a mounted file system, so a loop that ended
+                # cleanly after it served a mount that was unmounted before this poll saw it.
+                if not (self._init_done.is_set() and self._fuse_error is None):
+                    return
+                entry = None
                 break
             if time.monotonic() > deadline:
                 self.readiness.error(f"mount did not become ready within {READY_TIMEOUT:.0f}s")
@@ -379,9 +387,8 @@ class Daemon:
                 self._wake.set()
                 return
             time.sleep(READY_POLL)
-        else:
-            return
-        self._tune_read_ahead(entry.device)
+        if entry is not None:
+            self._tune_read_ahead(entry.device)
         self._live = True
         self._ready.set()
         self.readiness.ok()
@@ -484,9 +491,11 @@ class Daemon:
             self._install_signals()
             fuse_thread = threading.Thread(target=self._fuse_main, name="fastfs-fuse", daemon=True)
             fuse_thread.start()
-            threading.Thread(target=self._await_ready, name="fastfs-ready", daemon=True).start()
+            ready_thread = threading.Thread(target=self._await_ready, name="fastfs-ready", daemon=True)
+            ready_thread.start()
             self._loop()
             fuse_thread.join(timeout=UNMOUNT_TIMEOUT)
+            ready_thread.join(timeout=UNMOUNT_TIMEOUT)  # it decides whether the mount was ever live
         finally:
             self._shutdown()
         if not self._live:

@@ -160,8 +160,10 @@ def mounted(
     config_text: str | None = None,
     env: dict | None = None,
     timeout: float = 30,
+    poll: float = POLL,
 ) -> Iterator[Mount]:
-    """Run ``fastfs mount SRC MNT --foreground`` until the mount is live; always cleaned up."""
+    """Run ``fastfs mount SRC MNT --foreground`` until the mount is live (checked every *poll*
+    seconds); always cleaned up."""
     src, mnt = Path(src), Path(mnt)
     work = Path(tempfile.mkdtemp(prefix="fastfs-test-"))
     log_path = work / "daemon.log"
@@ -184,7 +186,7 @@ def mounted(
                 raise AssertionError(f"fastfs exited with {proc.returncode} before mounting:\n{_read(log_path)}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"fastfs did not mount {mnt} within {timeout}s:\n{_read(log_path)}")
-            time.sleep(POLL)
+            time.sleep(poll)
         yield Mount(src, mnt, proc, log_path, proc.pid)
     finally:
         _stop(proc, mnt)

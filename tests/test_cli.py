@@ -236,6 +236,16 @@ def test_umount_errors(tmp_path: Path) -> None:
     assert "not mounted" in _one_line_error(run_cli("umount", tmp_path / "missing"))
 
 
+def test_unmount_right_after_mounting_is_a_clean_stop(populated: Path, mnt: Path) -> None:
+    # An unmount that lands before the daemon's own readiness poll sees the mount still ends in
+    # exit 0: the mount was live (the kernel's INIT only reaches a mounted file system).
+    for _ in range(3):
+        with mounted(populated, mnt, poll=0.001) as m:  # sees the mount before the daemon's poll
+            subprocess.run(["fusermount3", "-u", str(mnt)], check=True, capture_output=True, timeout=WAIT)
+            assert m.proc.wait(timeout=WAIT) == 0, m.log()
+            assert not is_mounted(mnt)
+
+
 def test_umount_busy_and_lazy(populated: Path, mnt: Path) -> None:
     with mounted(populated, mnt) as m:
         with open(mnt / "data.bin", "rb") as f:
@@ -245,7 +255,7 @@ def test_umount_busy_and_lazy(populated: Path, mnt: Path) -> None:
                 assert is_mounted(mnt)
                 assert run_cli("umount", mnt, "--lazy").returncode == 0
             assert f.read() == DATA  # an open file keeps working after a lazy detach
-        assert m.proc.wait(timeout=WAIT) == 0
+        assert m.proc.wait(timeout=WAIT) == 0, m.log()
         assert not is_mounted(mnt)
 
 
@@ -377,7 +387,7 @@ def test_notify_socket_gets_ready_status_and_stopping(populated: Path, mnt: Path
             m.proc.send_signal(signal.SIGTERM)
             while "STOPPING=1" not in messages:
                 messages.append(sock.recv(4096).decode())
-            assert m.proc.wait(timeout=WAIT) == 0
+            assert m.proc.wait(timeout=WAIT) == 0, m.log()
         status = [x for x in messages if x.startswith("STATUS=")][-1]
         assert "\n" not in status and "hit" in status
 
