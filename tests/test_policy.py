@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fastfs.fsio.policy import (
@@ -233,6 +233,8 @@ def test_range_plan_sequential_pass_is_released_ahead_in_order():
     st.integers(0, 10**8),
     st.lists(st.tuples(st.integers(0, 2 * 10**9), st.integers(1, 8 * MIB)), max_size=60),
 )
+@example(ranges=[(0, 1), (1, 1)], lead=2, reads=[])  # back-to-back ranges come out as one file range
+@example(ranges=[(10, 5), (0, 10), (15, 5)], lead=20, reads=[])  # out of file order, touching
 def test_range_plan_never_releases_twice_or_outside(ranges, lead, reads):
     plan = RangePlan(tuple(ranges), lead, max_lead=64 * MIB)
     released = list(plan.advance())
@@ -241,9 +243,21 @@ def test_range_plan_never_releases_twice_or_outside(ranges, lead, reads):
     total = sum(stop - start for start, stop in released)
     assert total <= plan.total
     assert total == plan.released_bytes
+    union = _union(ranges)
     for start, stop in released:
         assert start < stop
-        assert any(s <= start and stop <= s + n for s, n in ranges)
+        assert any(s <= start and stop <= e for s, e in union), (start, stop, union)
+
+
+def _union(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, length) ranges as sorted, merged [start, stop) intervals (touching ones joined)."""
+    merged: list[tuple[int, int]] = []
+    for start, stop in sorted((s, s + n) for s, n in ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+        else:
+            merged.append((start, stop))
+    return merged
 
 
 def test_scan_policy_sorted_order_plans_next_names_first():
