@@ -119,6 +119,8 @@ MAX_VERSIONS = 100_000
 MAX_IMPLICIT = 256
 # Marker file key: the kernel may hold pages of another version of this path.
 STALE_VERSION = ("stale",)
+# Sorts after every (start, end, index) head window of the same start (bisect key for "starts <= offset").
+_AFTER_ANY = float("inf")
 # Seconds a read waits when an earlier read of the same data already timed out (the kernel retries
 # a failed request at once; the source may also have come back meanwhile).
 RETRY_WAIT = 1.0
@@ -156,8 +158,8 @@ class FileEntry:
     probed: bool = False
     planning: bool = False  # a format probe is queued or running (the plan will decide what to fetch)
     mmap_seen: bool = False
-    heads: tuple[tuple[int, ...], ...] = ()  # (start, end, cache index) of fetched head windows, by start
-    head_starts: tuple[int, ...] = ()  # their starts, for bisect (both replaced whole, read without lock)
+    heads: tuple[tuple[int, int, int], ...] = ()  # (start, end, cache index) of fetched head windows, by
+    # start (replaced whole, read without lock)
     stuck: int = 0  # direct reads still running after their reader timed out (guarded by lock)
     delivered: int = 0  # bytes delivered, not yet added to the top-files table (guarded by lock)
     direct: int = 0  # bytes read from the source for them outside blocks, likewise
@@ -504,7 +506,7 @@ class Engine:
 
     def _serve_head(self, entry: FileEntry, offset: int, end: int, dest: memoryview) -> int:
         """Serve [offset, end) from a head window holding all of it; -1 when none does (or its fill failed)."""
-        k = bisect.bisect_right(entry.head_starts, offset) - 1
+        k = bisect.bisect_right(entry.heads, (offset, _AFTER_ANY)) - 1  # the last window starting <= offset
         if k < 0:
             return -1
         _start, stop, index = entry.heads[k]
@@ -794,7 +796,6 @@ class Engine:
             heads.append((start, stop, index))
         with entry.lock:
             entry.heads = tuple(heads)
-            entry.head_starts = tuple(start for start, _, _ in heads)
 
     def _dir_scan(self, dir_path: str) -> DirScan:
         with self._dirs_lock:

@@ -53,7 +53,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,30 +324,21 @@ class AccessLog:
         files: list[tuple[str, tuple[int, int, float, float]]] | None = None,
     ) -> str:
         """JSON text of the most recently used files, then directories, that fit in ``max_bytes``."""
-        head = f'{{"version":{STATE_VERSION},"source":{json.dumps(self.source)},"files":{{'
-        used = len(head) + len('},"dirs":{}}')
-        parts: list[str] = []
-        for path, (size, mtime_ns, share, last_used) in reversed(files or []):
-            part = json.dumps(path) + ":" + json.dumps([size, mtime_ns, round(share, 4), last_used])
-            cost = len(part) + (1 if parts else 0)
-            if used + cost > self.max_bytes:
-                break
-            parts.append(part)
-            used += cost
-        head += ",".join(parts) + '},"dirs":{'
-        tail = "}}"
-        parts = []
         # ensure_ascii (the default) keeps the text ASCII, so characters equal bytes, and escapes
         # the lone surrogates that stand for undecodable bytes in file names.
-        for dir_path, last_used, shuffled, files in sorted(snapshot, key=lambda e: e[1], reverse=True):
-            body = json.dumps({"t": last_used, "s": shuffled, "f": files}, separators=(",", ":"))
-            part = json.dumps(dir_path) + ":" + body
-            cost = len(part) + (1 if parts else 0)
-            if used + cost > self.max_bytes:
-                break
-            parts.append(part)
-            used += cost
-        return head + ",".join(parts) + tail
+        head = f'{{"version":{STATE_VERSION},"source":{json.dumps(self.source)},"files":{{'
+        middle, tail = '},"dirs":{', "}}"
+        file_parts = (
+            json.dumps(path) + ":" + json.dumps([size, mtime_ns, round(share, 4), last_used])
+            for path, (size, mtime_ns, share, last_used) in reversed(files or [])
+        )
+        kept_files, used = _fitting(file_parts, len(head) + len(middle) + len(tail), self.max_bytes)
+        dir_parts = (
+            json.dumps(dir_path) + ":" + json.dumps({"t": last_used, "s": shuffled, "f": names}, separators=(",", ":"))
+            for dir_path, last_used, shuffled, names in sorted(snapshot, key=lambda e: e[1], reverse=True)
+        )
+        kept_dirs, _ = _fitting(dir_parts, used, self.max_bytes)
+        return head + ",".join(kept_files) + middle + ",".join(kept_dirs) + tail
 
     def _write(self, text: str) -> None:
         directory = os.path.dirname(self.path)
@@ -387,6 +378,19 @@ class AccessLog:
             self._dirs, self._files = dirs
             self._dirty = False
         return len(dirs[0])
+
+
+def _fitting(parts: Iterable[str], used: int, limit: int) -> tuple[list[str], int]:
+    """The leading ``parts`` that fit in ``limit`` characters after ``used`` (joined by commas), and
+    the characters used then; stops at the first part that does not fit."""
+    kept: list[str] = []
+    for part in parts:
+        cost = len(part) + (1 if kept else 0)
+        if used + cost > limit:
+            break
+        kept.append(part)
+        used += cost
+    return kept, used
 
 
 def _decode(text: str) -> tuple[OrderedDict[str, _Dir], OrderedDict[str, tuple[int, int, float, float]]]:

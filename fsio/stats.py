@@ -1,12 +1,12 @@
 """Counters of what the engine did, recorded where each event happens.
 
-Design: every thread writes into its own shard (a plain list found by the thread's identifier),
-so counting takes no lock and costs one dict update; a snapshot sums the shards under the
-registry lock. Shards are keyed by ``threading.get_ident()`` rather than ``threading.local``:
-FUSE callbacks arrive on libfuse's threads, and each callback from a foreign thread gets a fresh
-Python thread state, so a thread-local would be new on every request. Metric names are the
-constants below, in one place, used by the engine, the stats file, the CLI and the Prometheus
-exporter alike.
+Design: every thread writes into its own shard (a plain list found by the thread's identifier), so
+counting takes no lock and costs one dict lookup and a list update; a snapshot sums the shards
+under the registry lock. Shards are keyed by ``threading.get_ident()`` rather than
+``threading.local``: FUSE callbacks arrive on libfuse's threads, and each callback from a foreign
+thread gets a fresh Python thread state, so a thread-local would be new on every request. Metric
+names are the constants below, in one place, used by the engine, the stats file, the CLI and the
+Prometheus exporter alike.
 
 Concurrency: ``_lock`` guards ``_shards`` (thread id -> that thread's list) and ``_files``; a shard is
 written only by its own thread and read (racily but safely: ints are replaced atomically under the
