@@ -50,13 +50,30 @@ class FuseConfig:
     """Answer open with ENOSYS so the kernel skips OPEN/RELEASE (faster small-file re-reads, but no
     close-to-open revalidation: a changed source file is seen only after attr_timeout)."""
     threads: int = 16
-    """FUSE worker threads (libfuse max_threads and max_idle_threads)."""
+    """Threads serving kernel requests, each on its own clone of the connection."""
+    passthrough: str = "auto"
+    """auto | on | off: hand open files to the kernel to read the source file directly (FUSE
+    passthrough, Linux 6.9+, mounts by root). auto: only local block-device filesystems and tmpfs
+    (network and FUSE sources stay served with prefetch); on: every source; off: never."""
+    request_timeout: float = 60.0
+    """Seconds a metadata request (lookup, getattr, open, readdir, xattr) may wait for the source
+    before it fails with EIO and its thread is replaced, so a hung source cannot stall the mount
+    (reads have readahead.read_timeout; 0: wait forever)."""
+    max_pages: int = 256
+    """Largest kernel request in 4 KiB pages (256 = 1 MiB, the kernel's default limit in
+    /proc/sys/fs/fuse/max_pages_limit; larger values only help where that limit was raised)."""
+    readdirplus: bool = True
+    """Answer directory listings with attributes when the kernel asks for them (saves a lookup per
+    entry of a tree walk)."""
 
     def validate(self) -> None:
         for name in ("entry_timeout", "attr_timeout", "negative_timeout"):
             _check(0 <= getattr(self, name) <= 86400, f"fuse.{name}", "must be between 0 and 86400 seconds")
         _check(0 <= self.read_ahead_kb <= 65536, "fuse.read_ahead_kb", "must be between 0 and 65536")
         _check(1 <= self.threads <= 256, "fuse.threads", "must be between 1 and 256")
+        _check(self.passthrough in ("auto", "on", "off"), "fuse.passthrough", "must be one of auto, on, off")
+        _check(0 <= self.request_timeout <= 86400, "fuse.request_timeout", "must be between 0 and 86400 seconds")
+        _check(1 <= self.max_pages <= 65535, "fuse.max_pages", "must be between 1 and 65535")
 
 
 @dataclass(frozen=True)

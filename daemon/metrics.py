@@ -56,7 +56,9 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     (fstats.SEQ_RESETS, "sequential_resets", "Sequential streams that collapsed on a seek."),
     (fstats.SCAN_FILES, "small_file_scan_files", "Files fetched whole by small-file scans."),
     (fstats.LEARNED_FILES_USED, "learned_files_used", "Files of replayed learned access sets that were then read."),
-    (fstats.OPENS, "opens", "Files opened through the mount."),
+    (fstats.OPENS, "opens", "Files opened through the mount and served by fastfs."),
+    (fstats.OPENS_PASSTHROUGH, "opens_passthrough", "Files opened by passthrough to the source file."),
+    (fstats.BYTES_PASSTHROUGH_OPENED, "passthrough_opened_bytes", "Sizes of the files opened by passthrough."),
     (fstats.TIMEOUTS, "read_timeouts", "Reads that failed because the source did not answer within read_timeout."),
 )
 # Source bytes by why they were read: fastfs_bytes_fetched_total{kind=...}.

@@ -2,23 +2,18 @@
 
 Threads of a running daemon:
 
-* the FUSE thread runs ``fuse_main`` (libfuse's multithreaded loop) until the mount goes away;
-* the main thread owns the signal handlers. Python handlers were installed before ``fuse_main``
-  starts, so libfuse (which only replaces default handlers) leaves them alone; they only queue the
-  signal and wake the main loop, which then acts: SIGTERM/SIGINT unmount cleanly, SIGHUP reloads
-  the configuration, SIGUSR1 logs a one-line stats summary. The loop also sends periodic
-  ``STATUS=`` lines when run by systemd;
-* the readiness thread polls ``/proc/self/mountinfo`` until the mount is live and libfuse's init
-  has run, tunes the mount's read-ahead in ``/sys/class/bdi``, then reports readiness (a pipe to
-  the waiting ``fastfs mount`` parent and/or ``READY=1``);
-* the invalidation thread serves asynchronous kernel invalidations (the stats file in no_open
-  mode, whose pages are locked by the very read that asks). The engine's invalidations (a source
-  file changed, detected on open) are synchronous, so the kernel has dropped stale attributes and
-  pages before the open returns; the engine calls them outside its locks, so the kernel may wait
-  for in-flight reads of that file without a cycle.
+* the serving thread mounts (mount(2) as root, ``fusermount3`` otherwise: :mod:`.kernel.fusemount`),
+  answers the kernel's INIT and starts the session's workers (:mod:`.kernel.session`), then waits
+  until the connection ends (unmount, or abort). The kernel sends INIT only to a mounted file
+  system, and requests to the mount wait for its answer, so once INIT is answered the mount is
+  live: the serving thread tunes the mount's read-ahead in ``/sys/class/bdi`` and reports
+  readiness (a pipe to the waiting ``fastfs mount`` parent and/or ``READY=1``);
+* the main thread owns the signal handlers: they only queue the signal and wake the main loop,
+  which then acts: SIGTERM/SIGINT unmount cleanly, SIGHUP reloads the configuration, SIGUSR1 logs
+  a one-line stats summary. The loop also sends periodic ``STATUS=`` lines when run by systemd;
+* the session's workers, watchdog and notifier (see :mod:`.kernel.session`).
 
-This module does not import the FUSE binding at load time: ``fastfs mount`` validates and forks
-first, and only the daemon process loads libfuse.
+``fastfs mount`` validates and forks first; only the daemon process opens the FUSE device.
 """
 
 from __future__ import annotations
@@ -44,16 +39,10 @@ log = logging.getLogger("fastfs.mount")
 
 MOUNTINFO = "/proc/self/mountinfo"
 FSTYPE = "fuse.fastfs"
-# Seconds to wait for the kernel mount and libfuse init before giving up.
-READY_TIMEOUT = 60.0
-# Seconds between mountinfo polls while waiting for the mount (cheap; startup takes ~100 ms).
-READY_POLL = 0.02
 # Upper bound of one main-loop sleep, so queued signals are handled promptly even without a wake-up.
 MAIN_TICK = 1.0
 # Seconds a fusermount3/umount subprocess may take before it is abandoned.
 UNMOUNT_TIMEOUT = 30.0
-# Paths awaiting kernel invalidation beyond which new requests are dropped (a mass change is rare).
-MAX_PENDING_INVALIDATIONS = 65536
 
 
 class MountError(Exception):
@@ -203,47 +192,6 @@ class Readiness:
         self._send("error " + one_line(message))
 
 
-class _Invalidator:
-    """Feeds paths to ``fuse_invalidate_path`` from its own thread (deduplicated), for callers that
-    run inside a request the kernel must finish before it can invalidate."""
-
-    def __init__(self) -> None:
-        self.handle: int | None = None
-        self._cond = threading.Condition()
-        self._pending: dict[str, None] = {}
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, name="fastfs-invalidate", daemon=True)
-        self._thread.start()
-
-    def submit(self, path: str) -> None:
-        with self._cond:
-            if self.handle and len(self._pending) < MAX_PENDING_INVALIDATIONS:
-                self._pending[path] = None
-                self._cond.notify()
-
-    def _run(self) -> None:
-        from fastfs.daemon import fusebind
-
-        while True:
-            with self._cond:
-                while not self._pending and not self._stopped:
-                    self._cond.wait()
-                if self._stopped:
-                    return
-                paths = list(self._pending)
-                self._pending.clear()
-                handle = self.handle
-            for path in paths:
-                fusebind.invalidate_path(handle, path)
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self.handle = None
-            self._cond.notify()
-        self._thread.join(timeout=5)
-
-
 # -- the daemon -----------------------------------------------------------------------------------
 class Daemon:
     """One mount, from engine start to unmount. :meth:`run` returns the process exit status."""
@@ -273,46 +221,42 @@ class Daemon:
         self._wake = threading.Event()
         self._ready = threading.Event()  # readiness resolved (live, or given up)
         self._live = False
-        self._init_done = threading.Event()
         self._fuse_done = threading.Event()
         self._fuse_error: str | None = None
         self._stop_requested = False
         self._unmount_started = False
-        self._invalidator: _Invalidator | None = None
+        self.session: Any = None
 
     # -- setup ----------------------------------------------------------------------------------
-    def fuse_options(self) -> dict[str, Any]:
-        """Keyword options for the binding (become ``-o`` options of fuse_main)."""
+    def mount_options(self) -> Any:
+        """What the kernel mount is told (fsname shows in the mount table as ``fastfs:SRC``)."""
+        from fastfs.daemon.kernel.fusemount import MountOptions
+
         fc = self.config.fuse
-        fsname = f"fastfs:{self.source}".replace("\\", "\\\\").replace(",", "\\,")
-        opts: dict[str, Any] = {
-            "ro": True,
-            "fsname": fsname,
-            "subtype": "fastfs",
-            "entry_timeout": fc.entry_timeout,
-            "attr_timeout": fc.attr_timeout,
-            "negative_timeout": fc.negative_timeout,
-            "max_idle_threads": fc.threads,
-            "max_threads": fc.threads,
-        }
-        if fc.allow_other:
-            opts["allow_other"] = True
-            opts["default_permissions"] = True
-        return opts
+        return MountOptions(fsname=f"fastfs:{self.source}", subtype="fastfs", allow_other=fc.allow_other)
+
+    def wishes(self) -> Any:
+        from fastfs.daemon.kernel.negotiate import Wishes
+
+        fc = self.config.fuse
+        return Wishes(
+            max_pages=fc.max_pages,
+            passthrough=fc.passthrough != "off" and os.geteuid() == 0,
+            readdirplus=fc.readdirplus,
+        )
 
     def _start_engine(self) -> None:
-        from fastfs.daemon.ops import FastOps
+        from fastfs.daemon.ops import KernelOps
         from fastfs.fsio.engine import Engine
 
         try:
             self.engine = Engine(self.source, self.config)
+            self.ops = KernelOps(self.engine, {"source": self.source, "mountpoint": self.mountpoint})
         except OSError as e:
+            if self.engine is not None:
+                self.engine.close()
+                self.engine = None
             raise MountError(f"cannot open source {self.source}: {e.strerror or e}") from None
-        self.ops = FastOps(self.engine, {"source": self.source, "mountpoint": self.mountpoint})
-        self._invalidator = _Invalidator()
-        self.engine.invalidate = self._invalidate_now
-        self.ops.invalidate = self._invalidator.submit
-        self.ops.on_init = self._on_init
 
     def _start_metrics(self) -> None:
         listen = self.config.stats.metrics
@@ -330,19 +274,6 @@ class Daemon:
             why = os.strerror(e.errno) if e.errno else one_line(e)
             raise MountError(f"stats.metrics: cannot listen on {host}:{port}: {why}") from None
 
-    def _invalidate_now(self, path: str) -> None:
-        """Drop the kernel's attributes and pages of *path* (no-op before libfuse's init)."""
-        from fastfs.daemon import fusebind
-
-        handle = self.ops.fuse_handle
-        if handle and not self._fuse_done.is_set():
-            fusebind.invalidate_path(handle, path)
-
-    def _on_init(self, handle: int | None) -> None:
-        if self._invalidator is not None:
-            self._invalidator.handle = handle
-        self._init_done.set()
-
     def _install_signals(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, self._on_signal)
@@ -352,52 +283,64 @@ class Daemon:
         self._wake.set()
 
     # -- threads --------------------------------------------------------------------------------
-    def _fuse_main(self) -> None:
-        from fastfs.daemon.ops import FastFUSE
+    def _serve(self) -> None:
+        """Mount, answer INIT, start the workers, report readiness, wait for the connection to end."""
+        from fastfs.daemon.kernel import fusemount
+        from fastfs.daemon.kernel.negotiate import NegotiationError
+        from fastfs.daemon.kernel.session import Session
 
+        fc = self.config.fuse
         try:
-            FastFUSE(self.ops, self.mountpoint, raw_fi=True, foreground=True, **self.fuse_options())
-        except RuntimeError as e:
-            self._fuse_error = f"libfuse failed (status {e})"
+            try:
+                fd = fusemount.mount(self.mountpoint, self.mount_options())
+            except fusemount.FuseMountError as e:
+                self._fuse_error = str(e)
+                return
+            self.session = Session(
+                fd,
+                self.ops.handlers(),
+                self.wishes(),
+                threads=fc.threads,
+                request_timeout=fc.request_timeout,
+                read_timeout=self.config.readahead.read_timeout,
+            )
+            self.ops.session = self.session
+            try:
+                self.session.start(on_init=self._on_init)
+            except NegotiationError as e:
+                self._fuse_error = str(e)
+                return
+            self._mark_live()
+            self.session.wait()
         except BaseException as e:  # noqa: BLE001 - reported as the mount's failure
             self._fuse_error = one_line(f"{type(e).__name__}: {e}")
         finally:
             self._fuse_done.set()
+            self._ready.set()
             self._wake.set()
 
-    def _await_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
-        entry = None
-        while True:
-            if self._init_done.is_set():
-                entry = find_mount(self.mountpoint)
-                if entry is not None and entry.fstype == FSTYPE:
-                    break
-            if self._fuse_done.is_set():
-                # The kernel's INIT only reaches a mounted file system, so a loop that ended
-                # cleanly after it served a mount that was unmounted before this poll saw it.
-                if not (self._init_done.is_set() and self._fuse_error is None):
-                    return
-                entry = None
-                break
-            if time.monotonic() > deadline:
-                self.readiness.error(f"mount did not become ready within {READY_TIMEOUT:.0f}s")
-                self._stop_requested = True
-                self._ready.set()  # lets the main loop unmount whatever came up
-                self._wake.set()
-                return
-            time.sleep(READY_POLL)
-        if entry is not None:
-            self._tune_read_ahead(entry.device)
+    def _on_init(self, negotiated: Any) -> None:
+        self.engine.passthrough_available = negotiated.passthrough
+
+    def _mark_live(self) -> None:
+        try:
+            st_dev = os.stat(self.mountpoint).st_dev
+            self._tune_read_ahead(f"{os.major(st_dev)}:{os.minor(st_dev)}")
+        except OSError as e:
+            log.warning("could not stat %s after mounting: %s", self.mountpoint, e.strerror)
         self._live = True
         self._ready.set()
         self.readiness.ok()
+        negotiated = self.session.negotiated
         log.info(
-            "mounted %s on %s (pid %d, %d FUSE threads)",
+            "mounted %s on %s (pid %d, %d threads, FUSE %d.%d%s)",
             self.source,
             self.mountpoint,
             os.getpid(),
             self.config.fuse.threads,
+            negotiated.major,
+            negotiated.minor,
+            ", passthrough" if negotiated.passthrough else "",
         )
         self._wake.set()
 
@@ -421,10 +364,11 @@ class Daemon:
         )
         rc, err = run_quiet(["fusermount3", "-u", "-z", self.mountpoint])
         if rc != 0 and not self._fuse_done.is_set():
-            log.error("lazy unmount of %s failed (%s); stopping the FUSE loop", self.mountpoint, err)
-            from fastfs.daemon import fusebind
-
-            fusebind.exit_loop(self.ops.fuse_handle)
+            log.error("lazy unmount of %s failed (%s); aborting the connection", self.mountpoint, err)
+            try:
+                self.session.abort(os.stat(self.mountpoint).st_dev)
+            except OSError:
+                pass
 
     # -- signals --------------------------------------------------------------------------------
     def _handle_signal(self, signum: int) -> None:
@@ -489,26 +433,21 @@ class Daemon:
         try:
             self._start_metrics()
             self._install_signals()
-            fuse_thread = threading.Thread(target=self._fuse_main, name="fastfs-fuse", daemon=True)
-            fuse_thread.start()
-            ready_thread = threading.Thread(target=self._await_ready, name="fastfs-ready", daemon=True)
-            ready_thread.start()
+            serve_thread = threading.Thread(target=self._serve, name="fastfs-serve", daemon=True)
+            serve_thread.start()
             self._loop()
-            fuse_thread.join(timeout=UNMOUNT_TIMEOUT)
-            ready_thread.join(timeout=UNMOUNT_TIMEOUT)  # it decides whether the mount was ever live
+            serve_thread.join(timeout=UNMOUNT_TIMEOUT)
         finally:
             self._shutdown()
         if not self._live:
-            message = self._fuse_error or "the FUSE loop ended before the mount was ready"
+            message = self._fuse_error or "the connection ended before the mount was ready"
             if not self.readiness.reported:
                 self.readiness.error(f"mounting {self.mountpoint} failed: {message}")
             log.error("mounting %s failed: %s", self.mountpoint, message)
             force_unmount(self.mountpoint)
             return 1
         if self._fuse_error:
-            log.error(
-                "the FUSE loop of %s ended with an error: %s; %s", self.mountpoint, self._fuse_error, self.summary()
-            )
+            log.error("serving %s ended with an error: %s; %s", self.mountpoint, self._fuse_error, self.summary())
             force_unmount(self.mountpoint)
             return 1
         log.info("unmounted %s; %s", self.mountpoint, self.summary())
@@ -535,8 +474,8 @@ class Daemon:
                     notify.notify("STATUS=" + self.summary())
 
     def _shutdown(self) -> None:
-        if self._invalidator is not None:
-            self._invalidator.stop()
+        if self.session is not None:
+            self.session.close()
         if self.metrics_server is not None:
             try:
                 self.metrics_server.shutdown()

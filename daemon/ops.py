@@ -1,194 +1,576 @@
-"""FUSE operations: a thin adapter from libfuse callbacks to :class:`fastfs.fsio.engine.Engine`.
+"""The operations adapter: kernel requests (node ids, handles, offsets) to engine calls (paths).
 
-Design: every decision about caching and prefetch lives in the engine; this module only translates
-arguments and errors. Paths are FUSE paths (``/`` or ``/dir/name``); times are nanoseconds
-(``use_ns``). Errors: an ``OSError`` from the engine becomes ``-errno``; anything else becomes EIO
-with one rate-limited log line (there is no per-request logging).
+Design: every decision about caching, prefetch and the route of an open lives in the engine; this
+module translates. It keeps the node table (:mod:`fastfs.fsio.nodes`: one node id per source
+version), parses request bodies with the structs of :mod:`fastfs.daemon.kernel.abi`, and builds
+reply payloads. Errors: an ``OSError`` from the engine becomes the errno of the reply (the session
+turns other exceptions into EIO with a rate-limited log line; there is no per-request logging).
 
-The mount is read-only: every write-type operation answers EROFS.
+Consistency (one inode per version, close-to-open):
 
-A hidden virtual directory ``/.fastfs`` holds ``stats``: a JSON snapshot of the engine's counters
-plus the mount's identity. It is not listed by ``readdir("/")``, its reads never reach the engine
-(so they are not counted as data reads), and each open serves one consistent snapshot from memory
-with ``direct_io`` (the size reported by ``getattr`` is only an estimate of the next snapshot).
-Two extended attributes form a small control channel: ``user.fastfs.stats`` on the mount root
-returns the same snapshot, and ``user.fastfs.warm`` on any path prefetches that file or tree now and
-returns the engine's summary as JSON (used by ``fastfs warm``).
+* LOOKUP stats the source; a name whose source changed gets a new node id, so the kernel keeps the
+  old version's inode (page cache, size, mappings) for those who still hold it.
+* OPEN revalidates: the engine opens the source and, when it is no longer the node's version,
+  answers ESTALE; the kernel then looks the name up again (``LOOKUP_REVAL``) and opens the new
+  node. Every open of a node may keep the kernel's page cache (``FOPEN_KEEP_CACHE``): its pages are
+  that version's.
+* GETATTR of an open file (``fstat``) answers the node's own version. A path ``stat`` of a node whose
+  source changed or vanished answers ESTALE, which makes the kernel revalidate the name the same way.
 
-:class:`FastFUSE` replaces the binding's ``read`` so the engine fills libfuse's reply buffer in
-place (no intermediate ``bytes``), and ``fgetattr`` so ``struct stat`` is filled field by field.
+Route of an open (``fuse.passthrough``): *served* opens are read through the engine; *passthrough*
+opens hand the source descriptor to the kernel (``FUSE_DEV_IOC_BACKING_OPEN``) so reads and mmap go
+straight to the source file and never reach the daemon. The kernel requires every open handle of
+one inode to use the same route and backing file: the node table keeps the route and backing id
+while a node has open handles; the id is closed after its last release.
+
+Control channel: a hidden directory ``/.fastfs`` (reserved node ids, not listed in the root; a
+source entry of that name is hidden) holds ``stats``, a JSON snapshot served with direct I/O, one
+snapshot per open. Extended attributes of the mount root: ``user.fastfs.stats`` (the same
+snapshot); on any path ``user.fastfs.warm`` (prefetch that file or tree now; the engine's summary
+as JSON). The mount is read-only: every write-type request answers EROFS.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import functools
 import json
 import logging
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
 from typing import Any
 
-from fastfs.daemon import fusebind
-from fastfs.daemon.fusebind import FUSE, FuseOSError, Operations
+from fastfs.daemon.kernel import abi
+from fastfs.daemon.kernel.abi import Op
+from fastfs.daemon.kernel.session import NO_REPLY, Request
+from fastfs.fsio.nodes import ROOT_ID, Node, NodeTable, join
+from fastfs.fsio.policy import ROUTE_PASSTHROUGH
 
 log = logging.getLogger("fastfs.ops")
 
-STATS_DIR = "/.fastfs"
-STATS_FILE = "/.fastfs/stats"
+CONTROL_NAME = ".fastfs"
 STATS_NAME = "stats"
+STATS_DIR = "/" + CONTROL_NAME
+STATS_FILE = STATS_DIR + "/" + STATS_NAME
 XATTR_STATS = "user.fastfs.stats"
 XATTR_WARM = "user.fastfs.warm"
 ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
-
+# Reserved node ids of the control directory and its stats file (the node table starts at 16).
+CONTROL_ID = 2
+STATS_ID = 3
 # Files listed in the stats snapshot: enough for `fastfs stats --top`, small enough for one xattr reply.
 STATS_TOP_FILES = 50
 # Handles of open stats snapshots start here, far above any handle the engine hands out.
 VIRTUAL_FH_BASE = 1 << 62
-# At most one log line per operation name in this many seconds for unexpected errors.
-ERROR_LOG_INTERVAL = 10.0
 # A warm result too large for the caller's first xattr buffer is kept this long for the retry.
 WARM_RESULT_TTL = 30.0
-# Largest read the allocating helper :meth:`FastOps.read` serves (kernel requests use read_into).
-MAX_READ_SIZE = 64 * 1024 * 1024
-
+# Directory listings kept between the READDIR requests of one pass (offsets index into them).
+MAX_LISTINGS = 256
+# Size reported for the stats file before it is opened (reads use direct I/O: the real length wins).
+STATS_SIZE_ESTIMATE = 64 * 1024
+# Attributes the kernel reports for the virtual nodes' block size.
+VIRTUAL_BLKSIZE = 4096
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
-
-class _RateLimitedLog:
-    """One log line per key per interval, counting what it suppressed."""
-
-    def __init__(self, interval: float = ERROR_LOG_INTERVAL) -> None:
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def log(self, key: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last.get(key, -self.interval) < self.interval:
-                self._suppressed[key] = self._suppressed.get(key, 0) + 1
-                return
-            self._last[key] = now
-            suppressed = self._suppressed.pop(key, 0)
-        more = f" ({suppressed} similar suppressed)" if suppressed else ""
-        log.error("%s failed with %s: %s; answered EIO%s", key, type(exc).__name__, exc, more)
+_NUL = b"\0"
 
 
-def _errno_of(exc: OSError) -> int:
-    code = exc.errno
-    return code if isinstance(code, int) and code > 0 else errno.EIO
+def _split_seconds(seconds: float) -> tuple[int, int]:
+    whole = int(seconds)
+    return whole, int((seconds - whole) * 1e9)
 
 
-def _translate(func: Callable[..., Any]) -> Callable[..., Any]:
-    """OSError -> FuseOSError(errno); any other exception -> EIO with a rate-limited log line."""
-    name = func.__name__
-
-    @functools.wraps(func)
-    def wrapper(self: FastOps, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(self, *args, **kwargs)
-        except FuseOSError:
-            raise
-        except OSError as e:
-            raise FuseOSError(_errno_of(e)) from None
-        except Exception as e:
-            self._errors.log(name, e)
-            raise FuseOSError(errno.EIO) from None
-
-    return wrapper
+def _encode_dev(rdev: int) -> int:
+    """st_rdev -> the kernel's 32-bit ``new_encode_dev`` form that fuse_attr.rdev carries."""
+    major, minor = os.major(rdev), os.minor(rdev)
+    return ((minor & 0xFF) | (major << 8) | ((minor & ~0xFF) << 12)) & 0xFFFFFFFF
 
 
-def _readonly(func: Callable[..., Any]) -> Callable[..., Any]:
-    """A write-type operation: always EROFS."""
-
-    @functools.wraps(func)
-    def wrapper(self: FastOps, *args: Any, **kwargs: Any) -> Any:
-        raise FuseOSError(errno.EROFS)
-
-    return wrapper
-
-
-def _is_virtual(path: str) -> bool:
-    return path == STATS_DIR or path.startswith(STATS_DIR + "/")
-
-
-def attrs_of(st: os.stat_result) -> dict[str, int]:
-    """``os.stat_result`` -> the ``st_*`` dict the binding expects (times in nanoseconds)."""
-    return {
-        "st_mode": st.st_mode,
-        "st_ino": st.st_ino,
-        "st_nlink": st.st_nlink,
-        "st_uid": st.st_uid,
-        "st_gid": st.st_gid,
-        "st_size": st.st_size,
-        "st_rdev": st.st_rdev,
-        "st_blocks": st.st_blocks,
-        "st_blksize": st.st_blksize,
-        "st_atime": st.st_atime_ns,
-        "st_mtime": st.st_mtime_ns,
-        "st_ctime": st.st_ctime_ns,
-    }
+def attr_fields(st: os.stat_result) -> tuple[int, ...]:
+    """``os.stat_result`` -> the fields of ``struct fuse_attr``, in order."""
+    a_s, a_ns = divmod(st.st_atime_ns, 1_000_000_000)
+    m_s, m_ns = divmod(st.st_mtime_ns, 1_000_000_000)
+    c_s, c_ns = divmod(st.st_ctime_ns, 1_000_000_000)
+    rdev = _encode_dev(st.st_rdev) if st.st_rdev else 0
+    return (
+        st.st_ino,
+        st.st_size,
+        st.st_blocks,
+        a_s & 0xFFFFFFFFFFFFFFFF,
+        m_s & 0xFFFFFFFFFFFFFFFF,
+        c_s & 0xFFFFFFFFFFFFFFFF,
+        a_ns,
+        m_ns,
+        c_ns,
+        st.st_mode,
+        st.st_nlink & 0xFFFFFFFF,
+        st.st_uid,
+        st.st_gid,
+        rdev,
+        st.st_blksize & 0xFFFFFFFF,
+        0,
+    )
 
 
-def _copy_out(data: bytes, offset: int, dest: memoryview) -> int:
-    if offset < 0:
-        raise FuseOSError(errno.EINVAL)
-    if offset >= len(data):
-        return 0
-    n = min(len(dest), len(data) - offset)
-    dest[:n] = data[offset : offset + n]
-    return n
+def _name(body: memoryview) -> str:
+    """The NUL-terminated name of a request body."""
+    raw = bytes(body)
+    end = raw.find(_NUL)
+    return os.fsdecode(raw if end < 0 else raw[:end])
 
 
-class FastOps(Operations):
-    """libfuse callbacks over one :class:`~fastfs.fsio.engine.Engine`.
+def _erofs(request: Request, body: memoryview) -> Any:
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
-    ``mount_info`` (source, mountpoint) is added to stats snapshots. ``invalidate`` (set by the
-    daemon) asks the kernel to drop its cache of a path; it is used for the stats file in
-    ``fuse.no_open`` mode, where the kernel keeps the file's pages between opens.
+
+class _VirtualStat:
+    """Attributes of the control directory and stats file (``os.stat_result``-shaped)."""
+
+    def __init__(self, mode: int, size: int, nlink: int, ino: int, when_ns: int) -> None:
+        self.st_mode, self.st_size, self.st_nlink, self.st_ino = mode, size, nlink, ino
+        self.st_uid, self.st_gid = os.getuid(), os.getgid()
+        self.st_atime_ns = self.st_mtime_ns = self.st_ctime_ns = when_ns
+        self.st_blocks = (size + 511) // 512
+        self.st_rdev = 0
+        self.st_blksize = VIRTUAL_BLKSIZE
+
+
+class KernelOps:
+    """Handlers of one mount's kernel requests over one engine (see the module docstring).
+
+    ``session`` (set by the daemon before the first request) gives access to backing files and
+    notifications; ``mount_info`` (source, mountpoint) is added to stats snapshots.
+
+    Concurrency: ``_lock`` guards ``_handles``, ``_virtual``, ``_listings``, ``_warm_pending`` and
+    ``_next_vfh``; the node table has its own lock; the engine documents its own.
     """
-
-    use_ns = True
 
     def __init__(self, engine: Any, mount_info: dict[str, Any] | None = None, no_open: bool | None = None) -> None:
         self.engine = engine
+        fc = engine.config.fuse
         self.mount_info = dict(mount_info or {})
-        self.no_open = bool(engine.config.fuse.no_open if no_open is None else no_open)
-        self.fuse_handle: int | None = None
-        self.on_init: Callable[[int | None], None] | None = None
-        self.invalidate: Callable[[str], None] | None = None
-        self._errors = _RateLimitedLog()
+        self.no_open = bool(fc.no_open if no_open is None else no_open)
+        self.session: Any = None
+        self.nodes = NodeTable(engine.lstat("/"))
+        self._entry_valid = _split_seconds(fc.entry_timeout)
+        self._attr_valid = _split_seconds(fc.attr_timeout)
+        self._negative_valid = _split_seconds(fc.negative_timeout)
         self._lock = threading.Lock()
+        self._handles: dict[int, Node] = {}
         self._virtual: dict[int, bytes] = {}
         self._next_vfh = VIRTUAL_FH_BASE
         self._nofh_stats: bytes | None = None
+        self._listings: OrderedDict[int, list[tuple[str, int, int]]] = OrderedDict()
         self._warm_pending: dict[str, tuple[float, bytes]] = {}
-        self._started_ns = int(time.time() * 1e9)
+        self._started_ns = time.time_ns()
+        self._passthrough_failed = False
 
-    # -- lifecycle ------------------------------------------------------------------------------
-    def init_with_config(self, conn_info: Any, config_3: Any) -> None:
-        self.fuse_handle = fusebind.current_fuse()
-        if self.on_init is not None:
-            self.on_init(self.fuse_handle)
+    def handlers(self) -> dict[int, Any]:
+        """Opcode -> handler, for :class:`~fastfs.daemon.kernel.session.Session`."""
+        table: dict[int, Any] = {
+            Op.LOOKUP: self.lookup,
+            Op.FORGET: self.forget,
+            Op.BATCH_FORGET: self.batch_forget,
+            Op.GETATTR: self.getattr,
+            Op.READLINK: self.readlink,
+            Op.OPEN: self.open,
+            Op.READ: self.read,
+            Op.RELEASE: self.release,
+            Op.FLUSH: self.flush,
+            Op.OPENDIR: self.opendir,
+            Op.READDIR: self.readdir,
+            Op.READDIRPLUS: self.readdirplus,
+            Op.RELEASEDIR: self.releasedir,
+            Op.STATFS: self.statfs,
+            Op.GETXATTR: self.getxattr,
+            Op.LISTXATTR: self.listxattr,
+            Op.ACCESS: self.access,
+            Op.INTERRUPT: self.interrupt,
+            Op.DESTROY: self.destroy,
+        }
+        for opcode in abi.WRITE_OPS:
+            table[opcode] = _erofs
+        return table
 
-    # -- stats snapshot -------------------------------------------------------------------------
+    # -- nodes ----------------------------------------------------------------------------------
+    def _node(self, nodeid: int) -> Node:
+        node = self.nodes.get(nodeid)
+        if node is None:
+            raise OSError(errno.ESTALE, "unknown node id")
+        return node
+
+    def _entry(self, nodeid: int, st: Any, entry_valid: tuple[int, int] | None = None) -> bytes:
+        ev = entry_valid or self._entry_valid
+        av = self._attr_valid
+        return abi.ENTRY_OUT.pack(nodeid, 0, ev[0], av[0], ev[1], av[1], *attr_fields(st))
+
+    def _attr(self, st: Any) -> bytes:
+        av = self._attr_valid
+        return abi.ATTR_OUT.pack(av[0], av[1], 0, *attr_fields(st))
+
+    def lookup(self, request: Request, body: memoryview) -> bytes:
+        name = _name(body)
+        parent_id = request.nodeid
+        if parent_id == CONTROL_ID:
+            if name != STATS_NAME:
+                raise OSError(errno.ENOENT, os.strerror(errno.ENOENT))
+            return self._entry(STATS_ID, self._virtual_stat(STATS_ID))
+        if parent_id == STATS_ID:
+            raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        if parent_id == ROOT_ID and name == CONTROL_NAME:
+            return self._entry(CONTROL_ID, self._virtual_stat(CONTROL_ID))
+        parent = self._node(parent_id)
+        try:
+            st = self.engine.lstat(join(parent.path, name))
+        except FileNotFoundError:
+            if self._negative_valid != (0, 0):
+                # node id 0 with a timeout: the kernel caches the name as absent
+                return abi.ENTRY_OUT.pack(0, 0, *self._negative_valid[:1], 0, self._negative_valid[1], 0, *([0] * 16))
+            raise
+        node = self.nodes.lookup(parent, name, st)
+        return self._entry(node.nodeid, st)
+
+    def forget(self, request: Request, body: memoryview) -> Any:
+        (count,) = abi.FORGET_IN.unpack_from(body)
+        self.nodes.forget(request.nodeid, count)
+        return NO_REPLY
+
+    def batch_forget(self, request: Request, body: memoryview) -> Any:
+        count, _ = abi.BATCH_FORGET_IN.unpack_from(body)
+        base = abi.BATCH_FORGET_IN.size
+        step = abi.FORGET_ONE.size
+        for i in range(min(count, (len(body) - base) // step)):
+            nodeid, nlookup = abi.FORGET_ONE.unpack_from(body, base + i * step)
+            self.nodes.forget(nodeid, nlookup)
+        return NO_REPLY
+
+    def getattr(self, request: Request, body: memoryview) -> bytes:
+        nodeid = request.nodeid
+        if nodeid in (CONTROL_ID, STATS_ID):
+            return self._attr(self._virtual_stat(nodeid))
+        node = self._node(nodeid)
+        flags, _, fh = abi.GETATTR_IN.unpack_from(body) if len(body) >= abi.GETATTR_IN.size else (0, 0, 0)
+        if flags & abi.GETATTR_FH and not node.is_dir:
+            return self._attr(node.st)  # fstat of an open file: the version it opened
+        try:
+            st = self.engine.lstat(node.path)
+        except FileNotFoundError:
+            if nodeid == ROOT_ID:
+                raise
+            raise OSError(errno.ESTALE, "source entry is gone") from None
+        if not node.matches(st) and nodeid != ROOT_ID:
+            raise OSError(errno.ESTALE, "source entry changed")
+        self.nodes.refresh(node, st)
+        return self._attr(st)
+
+    def readlink(self, request: Request, body: memoryview) -> bytes:
+        if request.nodeid in (CONTROL_ID, STATS_ID):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return os.fsencode(self.engine.readlink(self._node(request.nodeid).path))
+
+    # -- files ----------------------------------------------------------------------------------
+    def open(self, request: Request, body: memoryview) -> bytes:
+        flags, _ = abi.OPEN_IN.unpack_from(body)
+        if flags & WRITE_FLAGS:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        nodeid = request.nodeid
+        if nodeid == STATS_ID:
+            fh = self._open_virtual(self._stats_bytes(request))
+            return abi.OPEN_OUT.pack(fh, abi.FOPEN_DIRECT_IO, 0)
+        if nodeid == CONTROL_ID:
+            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if self.no_open:
+            raise OSError(errno.ENOSYS, "open-less mode")  # the kernel stops sending OPEN/RELEASE
+        node = self._node(nodeid)
+        for _attempt in range(3):
+            held = node.route if node.opens else ""
+            result = self._open_version(node, flags, held)
+            route, backing = self.nodes.acquire(node, result.route)
+            if route != result.route:  # another open of this node picked the other route meanwhile
+                self.engine.release(result.fh)
+                continue
+            if route == ROUTE_PASSTHROUGH and not backing:
+                backing = self._attach_backing(node, result.backing_fd)
+                if not backing:  # the kernel refused: serve this open instead
+                    self.nodes.released(node)
+                    self.engine.release(result.fh)
+                    continue
+            with self._lock:
+                self._handles[result.fh] = node
+            if route == ROUTE_PASSTHROUGH:
+                return abi.OPEN_OUT.pack(result.fh, abi.FOPEN_PASSTHROUGH | abi.FOPEN_NOFLUSH, backing)
+            return abi.OPEN_OUT.pack(result.fh, abi.FOPEN_KEEP_CACHE | abi.FOPEN_NOFLUSH, 0)
+        raise OSError(errno.EIO, "could not settle the route of an open")
+
+    def _open_version(self, node: Node, flags: int, held: str) -> Any:
+        """The engine's open of the node's version; a node never opened whose source changed since
+        the lookup is rebound to the version there now (its attributes dropped from the kernel's
+        cache first), so an open racing a writer's rename still succeeds; any other mismatch is
+        ESTALE (the kernel looks the name up again and opens the new node)."""
+        try:
+            return self.engine.open(node.path, flags, expect=node.version, cached=node.seen, held_route=held)
+        except OSError as e:
+            if e.errno != errno.ESTALE or node.seen:
+                raise
+        result = self.engine.open(node.path, flags, held_route=held)
+        if result.st is None or not self.nodes.rebind(node, result.st):
+            self.engine.release(result.fh)
+            raise OSError(errno.ESTALE, "source file changed since it was looked up")
+        if self.session is not None:
+            self.session.inval_inode(node.nodeid, -1, 0)  # attributes only: the node has no pages
+        return result
+
+    def _attach_backing(self, node: Node, fd: int) -> int:
+        """Register *fd* as the node's backing file; 0 when the kernel refuses (then never again)."""
+        try:
+            backing = self.session.backing_open(fd)
+        except (OSError, AttributeError) as e:
+            if not self._passthrough_failed:
+                self._passthrough_failed = True
+                log.warning("passthrough unavailable (%s); serving every file", getattr(e, "strerror", e))
+            self.engine.passthrough_available = False
+            return 0
+        used = self.nodes.attach_backing(node, backing)
+        if used != backing:
+            self.session.backing_close(backing)
+        return used
+
+    def read(self, request: Request, body: memoryview) -> Any:
+        fh, offset, size, _rflags, _owner, _flags, _pad = abi.READ_IN.unpack_from(body)
+        dest = request.buffer[: min(size, len(request.buffer))]
+        if fh >= VIRTUAL_FH_BASE:
+            with self._lock:
+                data = self._virtual.get(fh)
+            if data is None:
+                raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+            return data[offset : offset + size]
+        if fh == 0:
+            if request.nodeid == STATS_ID:
+                return self._read_nofh_stats(request, offset, size)
+            node = self._node(request.nodeid)
+            n = self.engine.read_into(0, offset, dest, node.path, node.version)
+        else:
+            n = self.engine.read_into(fh, offset, dest)
+        return dest[:n]
+
+    def release(self, request: Request, body: memoryview) -> None:
+        fh = abi.RELEASE_IN.unpack_from(body)[0]
+        if fh >= VIRTUAL_FH_BASE:
+            with self._lock:
+                self._virtual.pop(fh, None)
+            return None
+        with self._lock:
+            node = self._handles.pop(fh, None)
+        if fh:
+            self.engine.release(fh)
+        if node is not None:
+            backing = self.nodes.released(node)
+            if backing and self.session is not None:
+                self.session.backing_close(backing)
+        return None
+
+    def flush(self, request: Request, body: memoryview) -> None:
+        return None
+
+    # -- directories ----------------------------------------------------------------------------
+    def opendir(self, request: Request, body: memoryview) -> bytes:
+        negotiated = getattr(self.session, "negotiated", None)
+        if negotiated is not None and negotiated.offers(abi.Init.NO_OPENDIR_SUPPORT):
+            raise OSError(errno.ENOSYS, "open-less directories")  # no OPENDIR/RELEASEDIR from now on
+        if request.nodeid not in (CONTROL_ID,):
+            self._node(request.nodeid)
+        return abi.OPEN_OUT.pack(0, abi.FOPEN_KEEP_CACHE | abi.FOPEN_CACHE_DIR, 0)
+
+    def releasedir(self, request: Request, body: memoryview) -> None:
+        return None
+
+    def _listing(self, nodeid: int, offset: int) -> list[tuple[str, int, int]]:
+        """(name, type bits, inode) of the directory's entries, '.' and '..' first; fetched anew at
+        offset 0 and kept for the requests that continue the same pass."""
+        if offset:
+            with self._lock:
+                kept = self._listings.get(nodeid)
+                if kept is not None:
+                    self._listings.move_to_end(nodeid)
+                    return kept
+        if nodeid == CONTROL_ID:
+            entries = [(STATS_NAME, stat.S_IFREG, STATS_ID)]
+            ino = CONTROL_ID
+        else:
+            node = self._node(nodeid)
+            entries = self.engine.scandir(node.path)
+            if nodeid == ROOT_ID:
+                entries = [e for e in entries if e[0] != CONTROL_NAME]
+            ino = node.st.st_ino
+        listing = [(".", stat.S_IFDIR, ino), ("..", stat.S_IFDIR, 1), *entries]
+        with self._lock:
+            self._listings[nodeid] = listing
+            self._listings.move_to_end(nodeid)
+            while len(self._listings) > MAX_LISTINGS:
+                self._listings.popitem(last=False)
+        return listing
+
+    def readdir(self, request: Request, body: memoryview) -> bytes:
+        _fh, offset, size, *_ = abi.READ_IN.unpack_from(body)
+        listing = self._listing(request.nodeid, offset)
+        out = bytearray()
+        for index in range(offset, len(listing)):
+            name, kind, ino = listing[index]
+            raw = os.fsencode(name)
+            rec = abi.rec_align(abi.DIRENT.size + len(raw))
+            if len(out) + rec > size:
+                break
+            out += abi.DIRENT.pack(ino, index + 1, len(raw), kind >> 12)
+            out += raw
+            out += bytes(rec - abi.DIRENT.size - len(raw))
+        return bytes(out)
+
+    def readdirplus(self, request: Request, body: memoryview) -> bytes:
+        _fh, offset, size, *_ = abi.READ_IN.unpack_from(body)
+        nodeid = request.nodeid
+        listing = self._listing(nodeid, offset)
+        parent = None if nodeid == CONTROL_ID else self._node(nodeid)
+        out = bytearray()
+        base = abi.ENTRY_OUT.size + abi.DIRENT.size
+        for index in range(offset, len(listing)):
+            name, kind, ino = listing[index]
+            raw = os.fsencode(name)
+            rec = abi.rec_align(base + len(raw))
+            if len(out) + rec > size:
+                break
+            entry = None
+            if name not in (".", ".."):
+                if parent is None:
+                    entry = self._entry(STATS_ID, self._virtual_stat(STATS_ID))
+                else:
+                    try:
+                        st = self.engine.lstat(join(parent.path, name))
+                    except OSError:
+                        st = None
+                    if st is not None:
+                        node = self.nodes.lookup(parent, name, st)  # counted: the kernel links it
+                        entry = self._entry(node.nodeid, st)
+                        ino, kind = st.st_ino, stat.S_IFMT(st.st_mode)
+            out += entry if entry is not None else bytes(abi.ENTRY_OUT.size)  # node id 0: no entry
+            out += abi.DIRENT.pack(ino, index + 1, len(raw), kind >> 12)
+            out += raw
+            out += bytes(rec - base - len(raw))
+        return bytes(out)
+
+    # -- other metadata -------------------------------------------------------------------------
+    def statfs(self, request: Request, body: memoryview) -> bytes:
+        sv = self.engine.statvfs()
+        return abi.STATFS_OUT.pack(
+            sv.f_blocks, sv.f_bfree, sv.f_bavail, sv.f_files, sv.f_ffree, sv.f_bsize, sv.f_namemax, sv.f_frsize, 0
+        )
+
+    def access(self, request: Request, body: memoryview) -> None:
+        mask, _ = abi.ACCESS_IN.unpack_from(body)
+        if mask & os.W_OK:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        nodeid = request.nodeid
+        if nodeid in (CONTROL_ID, STATS_ID):
+            if nodeid == STATS_ID and mask & os.X_OK:
+                raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+            return None
+        self.engine.access(self._node(nodeid).path, mask)
+        return None
+
+    def getxattr(self, request: Request, body: memoryview) -> bytes:
+        size, _ = abi.GETXATTR_IN.unpack_from(body)
+        name = _name(body[abi.GETXATTR_IN.size :])
+        value = self._xattr_value(request, name, size)
+        return self._sized(value, size)
+
+    @staticmethod
+    def _sized(value: bytes, size: int) -> bytes:
+        """The xattr protocol: size 0 asks for the length; a too small buffer is ERANGE."""
+        if size == 0:
+            return abi.GETXATTR_OUT.pack(len(value), 0)
+        if len(value) > size:
+            raise OSError(errno.ERANGE, os.strerror(errno.ERANGE))
+        return value
+
+    def _xattr_value(self, request: Request, name: str, size: int) -> bytes:
+        nodeid = request.nodeid
+        if name == XATTR_STATS:
+            if nodeid != ROOT_ID:
+                raise OSError(ENOATTR, os.strerror(ENOATTR))
+            return json.dumps(self.snapshot(), separators=(",", ":")).encode()
+        if nodeid in (CONTROL_ID, STATS_ID):
+            raise OSError(ENOATTR if name != XATTR_WARM else errno.ENOTSUP, os.strerror(ENOATTR))
+        node = self._node(nodeid)
+        if name == XATTR_WARM:
+            return self._warm(node.path, size)
+        try:
+            return self.engine.getxattr(node.path, name)
+        except OSError as e:
+            if e.errno in (errno.ENODATA, ENOATTR):
+                raise OSError(ENOATTR, os.strerror(ENOATTR)) from None
+            raise
+
+    def _warm(self, path: str, size: int) -> bytes:
+        now = time.monotonic()
+        with self._lock:
+            for key in [k for k, (t, _) in self._warm_pending.items() if now - t > WARM_RESULT_TTL]:
+                del self._warm_pending[key]
+            pending = self._warm_pending.pop(path, None) if size else None
+        if pending is not None:
+            return pending[1]
+        warm = getattr(self.engine, "warm", None)
+        if warm is None:
+            raise OSError(errno.ENOTSUP, os.strerror(errno.ENOTSUP))
+        data = json.dumps(warm(path)).encode()
+        if len(data) > size:  # the caller asks again with a buffer this large: answer from memory
+            with self._lock:
+                self._warm_pending[path] = (now, data)
+        return data
+
+    def listxattr(self, request: Request, body: memoryview) -> bytes:
+        size, _ = abi.GETXATTR_IN.unpack_from(body)
+        nodeid = request.nodeid
+        names: list[str] = [] if nodeid in (CONTROL_ID, STATS_ID) else self.engine.listxattr(self._node(nodeid).path)
+        value = b"".join(os.fsencode(n) + _NUL for n in names)
+        return self._sized(value, size)
+
+    def interrupt(self, request: Request, body: memoryview) -> Any:
+        (unique,) = abi.INTERRUPT_IN.unpack_from(body)
+        if self.session is not None and not self.session.interrupt(unique):
+            raise OSError(errno.EAGAIN, "not being served yet")  # the kernel sends it again
+        return NO_REPLY
+
+    def destroy(self, request: Request, body: memoryview) -> None:
+        return None
+
+    # -- the control directory ------------------------------------------------------------------
+    def _virtual_stat(self, nodeid: int) -> _VirtualStat:
+        if nodeid == CONTROL_ID:
+            return _VirtualStat(stat.S_IFDIR | 0o555, 0, 2, CONTROL_ID, self._started_ns)
+        size = len(self._nofh_stats) if self.no_open and self._nofh_stats is not None else STATS_SIZE_ESTIMATE
+        return _VirtualStat(stat.S_IFREG | 0o444, size, 1, STATS_ID, time.time_ns())
+
     def snapshot(self) -> dict[str, Any]:
-        """Engine snapshot plus the mount's identity."""
+        """Engine snapshot plus the mount's identity and the kernel connection's counters."""
         snap = self.engine.snapshot(STATS_TOP_FILES)
         snap["mount"] = {
             "source": self.mount_info.get("source", ""),
             "mountpoint": self.mount_info.get("mountpoint", ""),
             "pid": os.getpid(),
         }
+        if self.session is not None:
+            kernel = self.session.counters()
+            negotiated = self.session.negotiated
+            if negotiated is not None:
+                kernel["protocol"] = f"{negotiated.major}.{negotiated.minor}"
+                kernel["flags"] = abi.flag_names(negotiated.flags)
+                kernel["max_read"] = negotiated.max_read
+            kernel["nodes"] = len(self.nodes)
+            snap["kernel"] = kernel
         return snap
 
-    def _stats_bytes(self) -> bytes:
+    def _stats_bytes(self, request: Request | None = None) -> bytes:
         return (json.dumps(self.snapshot(), indent=1) + "\n").encode()
 
     def _open_virtual(self, data: bytes) -> int:
@@ -198,318 +580,14 @@ class FastOps(Operations):
             self._virtual[fh] = data
         return fh
 
-    def _virtual_attrs(self, path: str) -> dict[str, int]:
-        base = {
-            "st_uid": os.getuid(),
-            "st_gid": os.getgid(),
-            "st_atime": self._started_ns,
-            "st_mtime": self._started_ns,
-            "st_ctime": self._started_ns,
-        }
-        if path == STATS_DIR:
-            return {**base, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_size": 0}
-        if path == STATS_FILE:
-            data = self._stats_bytes()
-            if self.no_open:
-                self._nofh_stats = data
-            now = time.time_ns()
-            return {
-                **base,
-                "st_mode": stat.S_IFREG | 0o444,
-                "st_nlink": 1,
-                "st_size": len(data),
-                "st_mtime": now,
-                "st_ctime": now,
-            }
-        raise FuseOSError(errno.ENOENT)
-
-    # -- metadata -------------------------------------------------------------------------------
-    @_translate
-    def getattr(self, path: str, fh: Any = None) -> dict[str, int]:
-        if _is_virtual(path):
-            return self._virtual_attrs(path)
-        return attrs_of(self.engine.lstat(path))
-
-    @_translate
-    def readdir(self, path: str, fh: Any = None) -> list[str]:
-        if path == STATS_DIR:
-            return [".", "..", STATS_NAME]
-        if _is_virtual(path):
-            raise FuseOSError(errno.ENOTDIR)
-        return [".", "..", *self.engine.listdir(path)]
-
-    @_translate
-    def readlink(self, path: str) -> str:
-        if _is_virtual(path):
-            raise FuseOSError(errno.EINVAL)
-        return self.engine.readlink(path)
-
-    @_translate
-    def statfs(self, path: str) -> dict[str, int]:
-        sv = self.engine.statvfs()
-        return {
-            "f_bsize": sv.f_bsize,
-            "f_frsize": sv.f_frsize,
-            "f_blocks": sv.f_blocks,
-            "f_bfree": sv.f_bfree,
-            "f_bavail": sv.f_bavail,
-            "f_files": sv.f_files,
-            "f_ffree": sv.f_ffree,
-            "f_favail": sv.f_favail,
-            "f_flag": sv.f_flag | os.ST_RDONLY,
-            "f_namemax": sv.f_namemax,
-        }
-
-    @_translate
-    def access(self, path: str, amode: int) -> int:
-        if amode & os.W_OK:
-            raise FuseOSError(errno.EROFS)
-        if _is_virtual(path):
-            if path not in (STATS_DIR, STATS_FILE):
-                raise FuseOSError(errno.ENOENT)
-            if path == STATS_FILE and amode & os.X_OK:
-                raise FuseOSError(errno.EACCES)
-            return 0
-        self.engine.access(path, amode)
-        return 0
-
-    @_translate
-    def getxattr(self, path: str, name: str, position: int = 0, size: int | None = None) -> bytes:
-        """``size`` (when known) is the caller's buffer; 0 or too small means it will ask again."""
-        if name == XATTR_STATS:
-            if path != "/":
-                raise FuseOSError(ENOATTR)
-            return json.dumps(self.snapshot(), separators=(",", ":")).encode()
-        if name == XATTR_WARM:
-            return self._warm(path, size)
-        if _is_virtual(path):
-            raise FuseOSError(ENOATTR)
-        try:
-            return self.engine.getxattr(path, name)
-        except OSError as e:
-            if e.errno in (errno.ENODATA, ENOATTR):
-                raise FuseOSError(ENOATTR) from None
-            raise
-
-    def _warm(self, path: str, size: int | None) -> bytes:
-        now = time.monotonic()
-        with self._lock:
-            for key in [k for k, (t, _) in self._warm_pending.items() if now - t > WARM_RESULT_TTL]:
-                del self._warm_pending[key]
-            pending = self._warm_pending.pop(path, None)
-        if pending is not None:
-            return pending[1]
-        warm = getattr(self.engine, "warm", None)
-        if warm is None or _is_virtual(path):
-            raise FuseOSError(errno.ENOTSUP)
-        data = json.dumps(warm(path)).encode()
-        if size is not None and len(data) > size:
-            with self._lock:
-                self._warm_pending[path] = (now, data)
-        return data
-
-    @_translate
-    def listxattr(self, path: str) -> list[str]:
-        if _is_virtual(path):
-            return []
-        return list(self.engine.listxattr(path))
-
-    # -- data -----------------------------------------------------------------------------------
-    @_translate
-    def open(self, path: str, fi: Any) -> int:
-        """With ``raw_fi`` *fi* is the ``fuse_file_info`` (fh and keep_cache are set on it); given a
-        plain int of flags, the handle is returned instead."""
-        flags = fi if isinstance(fi, int) else fi.flags
-        if flags & WRITE_FLAGS:
-            raise FuseOSError(errno.EROFS)
-        if _is_virtual(path):
-            if path == STATS_DIR:
-                raise FuseOSError(errno.EISDIR)
-            if path != STATS_FILE:
-                raise FuseOSError(errno.ENOENT)
-            fh = self._open_virtual(self._stats_bytes())
-            keep_cache, direct_io = False, True
-        elif self.no_open:
-            raise FuseOSError(errno.ENOSYS)
-        else:
-            result = self.engine.open(path, flags)
-            fh, keep_cache, direct_io = result.fh, result.keep_cache, result.direct_io
-        if isinstance(fi, int):
-            return fh
-        fi.fh = fh
-        fi.keep_cache = 1 if keep_cache else 0
-        fi.direct_io = 1 if direct_io else 0
-        return 0
-
-    @_translate
-    def read_into(self, path: str | None, fh: int, offset: int, dest: memoryview) -> int:
-        """Fill *dest* from *fh* at *offset*; returns the byte count (short only at EOF)."""
-        if fh >= VIRTUAL_FH_BASE:
-            data = self._virtual.get(fh)
-            if data is None:
-                raise FuseOSError(errno.EBADF)
-            return _copy_out(data, offset, dest)
-        if fh == 0:
-            if path is None:
-                raise FuseOSError(errno.EBADF)
-            if _is_virtual(path):
-                return self._read_nofh_stats(path, offset, dest)
-            return self.engine.read_into(0, offset, dest, path)
-        return self.engine.read_into(fh, offset, dest)
-
-    def _read_nofh_stats(self, path: str, offset: int, dest: memoryview) -> int:
-        """Stats file read without open (``fuse.no_open``): serve the snapshot sized by getattr."""
-        if path != STATS_FILE:
-            raise FuseOSError(errno.EISDIR if path == STATS_DIR else errno.ENOENT)
+    def _read_nofh_stats(self, request: Request, offset: int, size: int) -> bytes:
+        """Stats file read without open (``fuse.no_open``): one snapshot per pass from offset 0."""
         data = self._nofh_stats
-        if data is None:
-            data = self._nofh_stats = self._stats_bytes()
-        n = _copy_out(data, offset, dest)
-        if offset + n >= len(data):
+        if data is None or offset == 0:
+            data = self._nofh_stats = self._stats_bytes(request)
+        chunk = data[offset : offset + size]
+        if offset + len(chunk) >= len(data):
             self._nofh_stats = None
-            if self.invalidate is not None:
-                self.invalidate(STATS_FILE)
-        return n
-
-    def read(self, path: str | None, size: int, offset: int, fh: Any) -> bytes:
-        """Allocating read (the mount uses :meth:`read_into` through :class:`FastFUSE`)."""
-        fh = getattr(fh, "fh", fh)
-        if not isinstance(size, int) or size < 0 or size > MAX_READ_SIZE:
-            raise FuseOSError(errno.EINVAL)
-        buf = bytearray(size)
-        n = self.read_into(path, fh, offset, memoryview(buf))
-        return bytes(buf[:n])
-
-    @_translate
-    def release(self, path: str | None, fh: Any) -> int:
-        fh = getattr(fh, "fh", fh)
-        if fh >= VIRTUAL_FH_BASE:
-            with self._lock:
-                self._virtual.pop(fh, None)
-        elif fh:
-            self.engine.release(fh)
-        return 0
-
-    # -- write-type operations: the mount is read-only -------------------------------------------
-    @_readonly
-    def create(self, path: str, mode: int, fi: Any = None) -> int: ...
-
-    @_readonly
-    def write(self, path: str, data: bytes, offset: int, fh: Any) -> int: ...
-
-    @_readonly
-    def truncate(self, path: str, length: int, fh: Any = None) -> int: ...
-
-    @_readonly
-    def unlink(self, path: str) -> int: ...
-
-    @_readonly
-    def mkdir(self, path: str, mode: int) -> int: ...
-
-    @_readonly
-    def rmdir(self, path: str) -> int: ...
-
-    @_readonly
-    def rename(self, old: str, new: str) -> int: ...
-
-    @_readonly
-    def symlink(self, target: str, source: str) -> int: ...
-
-    @_readonly
-    def link(self, target: str, source: str) -> int: ...
-
-    @_readonly
-    def chmod(self, path: str, mode: int) -> int: ...
-
-    @_readonly
-    def chown(self, path: str, uid: int, gid: int) -> int: ...
-
-    @_readonly
-    def utimens(self, path: str, times: Any = None) -> int: ...
-
-    @_readonly
-    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int: ...
-
-    @_readonly
-    def removexattr(self, path: str, name: str) -> int: ...
-
-    @_readonly
-    def mknod(self, path: str, mode: int, dev: int) -> int: ...
-
-
-_TIME_FIELDS = (("st_atime", "st_atimespec"), ("st_mtime", "st_mtimespec"), ("st_ctime", "st_ctimespec"))
-_PLAIN_FIELDS = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_rdev", "st_blocks", "st_blksize")
-
-
-_kept_thread_states: set[int] = set()
-_kept_lock = threading.Lock()
-
-
-def _keep_thread_state() -> None:
-    """Keep this libfuse worker's Python thread state alive between callbacks.
-
-    ctypes wraps each callback from a foreign thread in PyGILState_Ensure/Release, which creates and
-    destroys a thread state every time; one extra Ensure (never released) makes the later ones reuse
-    it. libfuse keeps its workers (max_idle_threads = fuse.threads), so the set stays small.
-    """
-    ident = threading.get_ident()
-    with _kept_lock:
-        if ident in _kept_thread_states:
-            return
-        _kept_thread_states.add(ident)
-    ctypes.pythonapi.PyGILState_Ensure()
-
-
-class FastFUSE(FUSE):
-    """The binding's FUSE class with an in-place ``read`` and a direct ``fgetattr``.
-
-    Construct with ``raw_fi=True``: ``open`` then receives the ``fuse_file_info`` to set ``fh`` and
-    ``keep_cache`` on; ``read`` and ``release`` here pass the plain handle on.
-    """
-
-    def _wrapper(self, func: Any, *args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() not in _kept_thread_states:
-            _keep_thread_state()
-        return super()._wrapper(func, *args, **kwargs)
-
-    def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
-        fh = fip.contents.fh
-        if size <= 0:
-            return 0
-        address = ctypes.cast(buf, ctypes.c_void_p).value
-        dest = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
-        name = None
-        if path is not None and (fh == 0 or fh >= VIRTUAL_FH_BASE):
-            name = path.decode(self.encoding, self.errors)
-        return self.operations.read_into(name, fh, offset, dest)
-
-    def release(self, path: bytes | None, fip: Any) -> int:
-        name = None if path is None else path.decode(self.encoding, self.errors)
-        return self.operations.release(name, fip.contents.fh)
-
-    def fgetattr(self, path: bytes | None, buf: Any, fip: Any) -> int:
-        name = None if path is None else path.decode(self.encoding, self.errors)
-        attrs = self.operations.getattr(name, None)
-        ctypes.memset(buf, 0, ctypes.sizeof(fusebind.c_stat))
-        st = buf.contents
-        for key in _PLAIN_FIELDS:
-            value = attrs.get(key)
-            if value is not None:
-                setattr(st, key, value)
-        for key, spec in _TIME_FIELDS:
-            value = attrs.get(key)
-            if value is not None:
-                ts = getattr(st, spec)
-                ts.tv_sec, ts.tv_nsec = divmod(int(value), 1_000_000_000)
-        return 0
-
-    def getxattr(self, path: bytes, name: bytes, value: Any, size: int, *args: Any) -> int:
-        data = self.operations.getxattr(
-            path.decode(self.encoding, self.errors), name.decode(self.encoding, self.errors), 0, size if value else 0
-        )
-        if not value:
-            return len(data)
-        if len(data) > size:
-            return -errno.ERANGE
-        ctypes.memmove(value, data, len(data))
-        return len(data)
+            if self.session is not None and self.session.notifier is not None:
+                self.session.notifier.submit(("inode", STATS_ID, 0, -1))  # the next pass reads anew
+        return chunk

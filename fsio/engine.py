@@ -72,7 +72,7 @@ from fastfs.config.schema import DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_FRACTION, MI
 from fastfs.fsio import formats
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import FAILED, READY, Block, BlockCache, round_up
-from fastfs.fsio.policy import RangePlan, ScanPolicy, StreamPolicy
+from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED, RangePlan, ScanPolicy, StreamPolicy, choose_route
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.source import DIRECT_ALIGN, Source, SourceFile, split
 
@@ -117,8 +117,6 @@ MAX_META = 200_000
 MAX_VERSIONS = 100_000
 # Open-less readers (fuse.no_open) tracked; least recently used closed first.
 MAX_IMPLICIT = 256
-# Marker file key: the kernel may hold pages of another version of this path.
-STALE_VERSION = ("stale",)
 # Sorts after every (start, end, index) head window of the same start (bisect key for "starts <= offset").
 _AFTER_ANY = float("inf")
 # Seconds a read waits when an earlier read of the same data already timed out (the kernel retries
@@ -136,11 +134,14 @@ class OpenResult:
 
     fh: int
     """Handle to pass to read_into/release (never 0)."""
-    keep_cache: bool
-    """True when the kernel may keep its page cache of this file (source unchanged since last open)."""
-    direct_io: bool = False
-    """True while another version of the same path is still open: the kernel shares one page cache
-    per path, so this handle bypasses it and the older handle keeps seeing only its own version."""
+    route: str = ROUTE_SERVED
+    """``served`` (reads come to the engine) or ``passthrough`` (the kernel reads the source file)."""
+    backing_fd: int = -1
+    """For passthrough: the open source descriptor to register as the backing file (valid until release)."""
+    key: tuple = ()
+    """File key of the version opened."""
+    st: os.stat_result | None = None
+    """Attributes of the version opened."""
 
 
 @dataclass
@@ -151,6 +152,7 @@ class FileEntry:
     key: tuple
     size: int
     src: SourceFile | None
+    st: os.stat_result
     policy: StreamPolicy
     lock: threading.Lock = field(default_factory=threading.Lock)
     handles: int = 0
@@ -205,15 +207,14 @@ class Engine:
         self._lock = threading.Lock()
         self._handles: dict[int, FileEntry] = {}
         self._entries: dict[tuple, FileEntry] = {}
-        self._versions: OrderedDict[str, tuple] = OrderedDict()
-        self._open_versions: dict[str, int] = {}  # path -> file versions with open handles
+        self._last_key: OrderedDict[str, tuple] = OrderedDict()  # path -> file key of its last open
         self._implicit: OrderedDict[str, tuple[FileEntry, float, int]] = OrderedDict()  # path -> (entry, at, fh)
         self._meta: OrderedDict[str, MetaEntry] = OrderedDict()
         self._dirs: OrderedDict[str, DirScan] = OrderedDict()
         self._dirs_lock = threading.Lock()
         self._next_fh = 1
         self._closed = False
-        self.invalidate: Callable[[str], None] | None = None
+        self.passthrough_available = False  # set by the daemon when the kernel connection can do passthrough
         self.learn = None
         self._saver: threading.Thread | None = None
         self._stop = threading.Event()
@@ -226,6 +227,10 @@ class Engine:
         if meta is not None:
             return meta.st
         return self.source.lstat(path)
+
+    def scandir(self, path: str) -> list[tuple[str, int, int]]:
+        """(name, type bits, inode) of a directory's entries (one source listing, no stat each)."""
+        return self.source.scandir(path)
 
     def listdir(self, path: str) -> list[str]:
         return self.source.listdir(path)
@@ -257,65 +262,76 @@ class Engine:
         return self.config.fuse.attr_timeout
 
     # == open / release =============================================================================
-    def open(self, path: str, flags: int = os.O_RDONLY) -> OpenResult:
+    def open(
+        self,
+        path: str,
+        flags: int = os.O_RDONLY,
+        expect: tuple | None = None,
+        cached: bool = False,
+        held_route: str = "",
+    ) -> OpenResult:
+        """Open the current version of *path* (close-to-open: the source is revalidated).
+
+        *expect* is the file key of the version the caller's inode stands for: when the source no
+        longer matches it the open fails with ESTALE (the kernel then looks the name up again).
+        *cached* says the kernel may hold pages of this version from an earlier open (no format
+        probe then). *held_route* is the route other open handles of the same inode use (they must
+        all share one); otherwise the route is chosen here (:func:`~fastfs.fsio.policy.choose_route`).
+        """
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
-        entry, keep = self._acquire_entry(path)
+        route = held_route or choose_route(self.config.fuse.passthrough, self.passthrough_available, self.source.local)
+        passthrough = route == ROUTE_PASSTHROUGH
+        entry = self._acquire_entry(path, expect, need_source=passthrough)
         with self._lock:
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = entry
-            direct = self._open_versions.get(path, 0) > 1
-        self.stats.add(m.OPENS)
-        self._after_open(path, entry, probe=not keep)
-        return OpenResult(fh, keep and not direct, direct)
+            backing_fd = entry.src.fd if passthrough and entry.src is not None else -1
+        if passthrough:
+            self.stats.add(m.OPENS_PASSTHROUGH)
+            self.stats.add(m.BYTES_PASSTHROUGH_OPENED, entry.size)
+        else:
+            self.stats.add(m.OPENS)
+            self._after_open(path, entry, probe=not cached)
+        return OpenResult(fh, route, backing_fd, entry.key, entry.st)
 
-    def _acquire_entry(self, path: str) -> tuple[FileEntry, bool]:
+    def _acquire_entry(self, path: str, expect: tuple | None = None, need_source: bool = False) -> FileEntry:
         """Revalidate the source (close-to-open) and return the shared entry of its version."""
-        meta = self._fresh_meta(path)
+        meta = None if need_source else self._fresh_meta(path)
         src: SourceFile | None = None
         if meta is not None and self.cache.peek(meta.key, 0) is not None:
-            key, size = meta.key, meta.st.st_size
+            key, size, st = meta.key, meta.st.st_size, meta.st
         else:
             src = self.source.open_file(path)
-            key, size = src.key, src.size
-        changed = False
+            key, size, st = src.key, src.size, src.st
+        if expect is not None and key != expect:
+            if src is not None:
+                src.close()
+            raise OSError(errno.ESTALE, "source file changed since it was looked up", path)
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                entry = FileEntry(path, key, size, src, self._new_policy(size))
+                entry = FileEntry(path, key, size, src, st, self._new_policy(size))
                 self._entries[key] = entry
-                self._open_versions[path] = self._open_versions.get(path, 0) + 1
                 src = None
             elif entry.src is None and src is not None:
                 entry.src, src = src, None
             entry.handles += 1
-            previous = self._versions.get(path)
-            self._versions[path] = key
-            self._versions.move_to_end(path)
-            if len(self._versions) > MAX_VERSIONS:
-                self._versions.popitem(last=False)
-            keep = previous == key
-            changed = previous is not None and previous != key
+            previous = self._last_key.get(path)
+            self._last_key[path] = key
+            self._last_key.move_to_end(path)
+            if len(self._last_key) > MAX_VERSIONS:
+                self._last_key.popitem(last=False)
         if src is not None:
             self._put_source(src)
-        if changed:
-            self._source_changed(path, previous)
-        return entry, keep
+        if previous is not None and previous != key:
+            self.cache.invalidate_file(previous)  # the path has a new version: free the old one's blocks
+        return entry
 
     def _new_policy(self, size: int) -> StreamPolicy:
         ra = self.config.readahead
         return StreamPolicy(size, ra.initial_window, ra.max_window)
-
-    def _source_changed(self, path: str, old_key: tuple | None) -> None:
-        """A path now has a new version: drop the old version's blocks and the kernel's caches."""
-        if old_key is not None:
-            self.cache.invalidate_file(old_key)
-        if self.invalidate is not None:
-            try:
-                self.invalidate(path)
-            except Exception:  # best effort: keep_cache=False already drops the page cache
-                log.debug("kernel invalidation of %s failed", path, exc_info=True)
 
     def release(self, fh: int) -> None:
         with self._lock:
@@ -328,15 +344,6 @@ class Engine:
             if last_handle:
                 if self._entries.get(entry.key) is entry:
                     del self._entries[entry.key]
-                    left = self._open_versions.get(entry.path, 1) - 1
-                    if left > 0:
-                        self._open_versions[entry.path] = left
-                    else:
-                        self._open_versions.pop(entry.path, None)
-                    if entry.path in self._versions and self._versions[entry.path] != entry.key:
-                        # an older version's handle may have left its pages (and size) in the kernel's
-                        # cache: the next open treats the path as changed
-                        self._versions[entry.path] = STALE_VERSION
                 src, entry.src = entry.src, None
         if last_handle:
             self._account_file(entry, 0, 0, flush=True)
@@ -382,9 +389,13 @@ class Engine:
         n = self.read_into(fh, offset, memoryview(buf))
         return bytes(buf[:n])
 
-    def read_into(self, fh: int, offset: int, dest: memoryview, path: str | None = None) -> int:
-        """Fill ``dest`` with the file's bytes at ``offset``; returns the count (short only at EOF)."""
-        entry = self._handles.get(fh) if fh else self._implicit_entry(path)
+    def read_into(
+        self, fh: int, offset: int, dest: memoryview, path: str | None = None, expect: tuple | None = None
+    ) -> int:
+        """Fill ``dest`` with the file's bytes at ``offset``; returns the count (short only at EOF).
+
+        ``fh`` 0 is an open-less read (``fuse.no_open``) of *path* at version *expect*."""
+        entry = self._handles.get(fh) if fh else self._implicit_entry(path, expect)
         if entry is None:
             raise OSError(errno.EBADF, os.strerror(errno.EBADF))
         if offset < 0:
@@ -728,6 +739,9 @@ class Engine:
             return
 
         def read_at(offset: int, length: int) -> bytes:
+            cached = self._cached_range(entry, offset, length)
+            if cached is not None:  # warmed or scanned already: no source read for the probe
+                return cached
             src = self._get_source(entry)
             try:
                 buf = bytearray(max(0, min(length, entry.size - offset)))
@@ -761,6 +775,22 @@ class Engine:
             entry.range_plan = RangePlan(tuple(plan.ranges), lead, max_lead, whole=whole)
             ranges = entry.range_plan.advance()
         self._prefetch(entry, ranges)
+
+    def _cached_range(self, entry: FileEntry, offset: int, length: int) -> bytes | None:
+        """[offset, offset+length) clipped at EOF from one ready cache block, or None."""
+        end = min(entry.size, offset + length)
+        index = offset // self.block_size
+        if end <= offset or (end - 1) // self.block_size != index:
+            return None
+        block = self.cache.get(entry.key, index)
+        if block is None:
+            return None
+        try:
+            if block.state != READY or block.start + block.length < end:
+                return None
+            return bytes(block.view[offset - block.start : end - block.start])
+        finally:
+            self.cache.unpin(block)
 
     def _learn_load(self, entry: FileEntry) -> None:
         """The last handle of a planned file closed: remember how much of its plan the load read."""
@@ -938,19 +968,24 @@ class Engine:
             self._pump(dir_path, ds)
 
     # == open-less reads (fuse.no_open) =============================================================
-    def _implicit_entry(self, path: str | None) -> FileEntry | None:
+    def _implicit_entry(self, path: str | None, expect: tuple | None = None) -> FileEntry | None:
         """The entry for an open-less read of ``path`` (fuse.no_open): an implicit handle per path,
-        revalidated like an open once its attr_timeout has passed."""
+        revalidated like an open once its attr_timeout has passed (ESTALE when the source is no
+        longer the version *expect* names)."""
         if path is None:
             return None
         now = time.monotonic()
         with self._lock:
             item = self._implicit.get(path)
-            if item is not None and now - item[1] <= self._trust_seconds():
+            if (
+                item is not None
+                and now - item[1] <= self._trust_seconds()
+                and (expect is None or item[0].key == expect)
+            ):
                 self._implicit.move_to_end(path)
                 return item[0]
-        entry, keep = self._acquire_entry(path)
-        self._after_open(path, entry, probe=not keep)
+        entry = self._acquire_entry(path, expect)
+        self._after_open(path, entry, probe=True)
         with self._lock:
             fh = self._next_fh
             self._next_fh += 1
@@ -973,7 +1008,7 @@ class Engine:
         total_files = total_bytes = declined = 0
         for file_path in files:
             try:
-                entry, _ = self._acquire_entry(file_path)
+                entry = self._acquire_entry(file_path)
             except OSError:
                 continue
             with self._lock:

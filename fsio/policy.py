@@ -397,3 +397,25 @@ class ScanPolicy:
 MAX_ORDER = 4096
 # Share of a directory read before a re-open counts as the start of the next epoch.
 EPOCH_FRACTION = 0.5
+
+
+# -- open routes ---------------------------------------------------------------------------------
+ROUTE_SERVED = "served"
+ROUTE_PASSTHROUGH = "passthrough"
+PASSTHROUGH_MODES = ("auto", "on", "off")
+
+
+def choose_route(mode: str, kernel_can: bool, source_local: bool) -> str:
+    """How an open file is read: ``served`` (through the engine: RAM cache, prefetch, stats) or
+    ``passthrough`` (the kernel reads the source file itself, at the source's own speed).
+
+    *mode* is ``fuse.passthrough``: ``off`` always serves; ``on`` passes through whenever the kernel
+    connection can (*kernel_can*); ``auto`` passes through only local sources (*source_local*: block
+    device filesystems and tmpfs, where fastfs's parallel prefetch has nothing to hide and every
+    FUSE request is pure cost), never network or FUSE sources, which are latency-bound.
+    """
+    if not kernel_can or mode == "off":
+        return ROUTE_SERVED
+    if mode == "on" or source_local:
+        return ROUTE_PASSTHROUGH
+    return ROUTE_SERVED

@@ -43,7 +43,9 @@ MMAP_STREAMS = "mmap_streams"  # files read out of order inside a planned range 
 LEARNED_PLANS = "learned_plans"  # learned access sets replayed
 LEARNED_FILES_USED = "learned_files_used"  # files of a replayed set that were then read
 LEARNED_WHOLE = "learned_whole_plans"  # format plans released whole at open: the last load read it all
-OPENS = "opens"
+OPENS = "opens"  # opens served by the engine (route "served")
+OPENS_PASSTHROUGH = "opens_passthrough"  # opens handed to the kernel as passthrough to the source file
+BYTES_PASSTHROUGH_OPENED = "bytes_passthrough_opened"  # sizes of the files opened by passthrough
 TIMEOUTS = "read_timeouts"
 
 COUNTERS = (
@@ -69,6 +71,8 @@ COUNTERS = (
     LEARNED_FILES_USED,
     LEARNED_WHOLE,
     OPENS,
+    OPENS_PASSTHROUGH,
+    BYTES_PASSTHROUGH_OPENED,
     TIMEOUTS,
 )
 

@@ -35,6 +35,9 @@ STOP_TIMEOUT = 20.0
 UNMOUNT_TIMEOUT = 20.0
 # Seconds between polls while waiting for a mount to come up.
 POLL = 0.05
+# Mount option for tests of the engine's read path over a local (tmpfs) source, which the default
+# route (fuse.passthrough=auto) would hand to the kernel instead.
+SERVED = "fuse.passthrough=off"
 
 
 _STATE_DIR: list[str] = []

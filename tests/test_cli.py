@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import force_unmount, is_mounted, mounted, run_cli, wait_for
+from conftest import SERVED, force_unmount, is_mounted, mounted, run_cli, wait_for
 
 DATA = os.urandom(3 * 1024 * 1024 + 123)
 # Seconds to wait for a daemon to exit or a log line to appear.
@@ -290,7 +290,7 @@ def test_sigusr1_logs_stats(populated: Path, mnt: Path) -> None:
 
 # -- stats ------------------------------------------------------------------------------------------
 def test_stats_command(populated: Path, mnt: Path) -> None:
-    with mounted(populated, mnt):
+    with mounted(populated, mnt, options=[SERVED]):
         assert (mnt / "data.bin").read_bytes() == DATA
         result = run_cli("stats", mnt)
         assert result.returncode == 0, result.stderr
@@ -332,7 +332,7 @@ def test_stats_on_plain_directory_is_an_error(tmp_path: Path) -> None:
 
 
 def test_hidden_stats_file(populated: Path, mnt: Path) -> None:
-    with mounted(populated, mnt) as m:
+    with mounted(populated, mnt, options=[SERVED]) as m:
         assert ".fastfs" not in os.listdir(mnt)
         first = m.stats()
         assert first["mount"]["source"] == str(populated.resolve())

@@ -226,12 +226,15 @@ def test_changed_source_is_never_served_from_cache(data_dir, tmp_path):
         tmp = data_dir / "big.new"
         tmp.write_bytes(new)
         os.replace(tmp, path)
+        with pytest.raises(OSError) as info:  # an inode of the old version: the kernel looks up anew
+            engine.open("/big", expect=r.key)
+        assert info.value.errno == errno.ESTALE
         r2 = engine.open("/big")
-        assert not r2.keep_cache
+        assert r2.key != r.key
         assert read_all(engine, r2.fh, len(new), MIB) == new != first[: len(new)]
         engine.release(r2.fh)
-        r3 = engine.open("/big")
-        assert r3.keep_cache
+        r3 = engine.open("/big", expect=r2.key)
+        assert read_all(engine, r3.fh, len(new), MIB) == new
         engine.release(r3.fh)
     finally:
         engine.close()

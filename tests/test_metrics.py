@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import mounted
+from conftest import SERVED, mounted
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -184,7 +184,7 @@ def test_metrics_of_a_real_mount(src: Path, mnt: Path) -> None:
     data = random.Random(5).randbytes(size)
     (src / "m.bin").write_bytes(data)
     port = _free_port()
-    with mounted(src, mnt, options=[f"stats.metrics=127.0.0.1:{port}"]) as m:
+    with mounted(src, mnt, options=[f"stats.metrics=127.0.0.1:{port}", SERVED]) as m:
         before = _parse(_scrape(port))
         assert (mnt / "m.bin").read_bytes() == data
         after = _parse(_scrape(port))

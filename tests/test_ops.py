@@ -1,4 +1,4 @@
-"""Unit tests of the FUSE operations adapter, called directly (no mount)."""
+"""The operations adapter and the session, driven by a fake kernel over a socket pair (no mount)."""
 
 from __future__ import annotations
 
@@ -6,28 +6,26 @@ import errno
 import json
 import os
 import stat
+import struct
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernelclient import FakeKernel, entry_attr, entry_nodeid, init_body, lookup, parse_dirents, read_body
 
 from fastfs.config.loader import load_config
-from fastfs.daemon.fusebind import FuseOSError
-from fastfs.daemon.ops import STATS_DIR, STATS_FILE, VIRTUAL_FH_BASE, FastOps, _RateLimitedLog
+from fastfs.daemon.kernel import abi
+from fastfs.daemon.kernel.abi import Op
+from fastfs.daemon.kernel.negotiate import Wishes
+from fastfs.daemon.kernel.session import Session
+from fastfs.daemon.ops import CONTROL_ID, STATS_ID, VIRTUAL_FH_BASE, KernelOps
 from fastfs.fsio.engine import Engine
 
 CONTENT = bytes(range(256)) * 4096  # 1 MiB, every offset distinguishable modulo 256
-
-
-class FileInfo:
-    """Stand-in for ``struct fuse_file_info`` (the fields open touches)."""
-
-    def __init__(self, flags: int = os.O_RDONLY) -> None:
-        self.flags = flags
-        self.fh = 0
-        self.keep_cache = 0
-        self.direct_io = 0
 
 
 @pytest.fixture
@@ -40,202 +38,313 @@ def tree(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.fixture
-def engine(tree: Path):
-    config = load_config(None, {"cache.budget": "64M", "readahead.learn": "false"}, use_default_path=False)
-    eng = Engine(str(tree), config)
-    yield eng
-    eng.close()
+def make_engine(tree: Path, **overrides: str) -> Engine:
+    config = load_config(
+        None,
+        {"cache.budget": "64M", "readahead.learn": "false", "fuse.passthrough": "off", **overrides},
+        use_default_path=False,
+    )
+    return Engine(str(tree), config)
+
+
+class Served:
+    """A KernelOps over an engine, served by a real Session to a FakeKernel."""
+
+    def __init__(self, engine, request_timeout: float = 0.0, ops: KernelOps | None = None, no_open: bool = False):
+        self.engine = engine
+        self.ops = ops or KernelOps(engine, {"source": "SRC", "mountpoint": "/mnt/test"}, no_open=no_open)
+        self.fk = FakeKernel()
+        self.session = Session(self.fk.fd, self.ops.handlers(), Wishes(), threads=2, request_timeout=request_timeout)
+        self.ops.session = self.session
+        unique = self.fk.send(Op.INIT, init_body())
+        self.negotiated = self.session.start()
+        err, self.init_reply = self.fk.reply(unique)
+        assert err == 0
+
+    def call(self, opcode: int, body: bytes = b"", nodeid: int = 1, **kw: int) -> tuple[int, bytes]:
+        return self.fk.call(opcode, body, nodeid, **kw)
+
+    def node(self, path: str) -> int:
+        nodeid = 1
+        for part in [p for p in path.split("/") if p]:
+            err, payload = lookup(self.fk, nodeid, part)
+            assert err == 0, (path, errno.errorcode.get(err))
+            nodeid = entry_nodeid(payload)
+        return nodeid
+
+    def open(self, nodeid: int, flags: int = os.O_RDONLY) -> tuple[int, int]:
+        err, payload = self.call(Op.OPEN, abi.OPEN_IN.pack(flags, 0), nodeid)
+        assert err == 0, errno.errorcode.get(err)
+        fh, open_flags, _backing = abi.OPEN_OUT.unpack(payload)
+        return fh, open_flags
+
+    def read(self, nodeid: int, fh: int, offset: int, size: int) -> tuple[int, bytes]:
+        return self.call(Op.READ, read_body(fh, offset, size), nodeid)
+
+    def release(self, nodeid: int, fh: int) -> None:
+        assert self.call(Op.RELEASE, abi.RELEASE_IN.pack(fh, 0, 0, 0), nodeid)[0] == 0
+
+    def close(self) -> None:
+        self.fk.close()  # the session's reads end (the socket's peer is gone)
+        self.session.wait(5)
+        self.session.close()
+        self.engine.close()
 
 
 @pytest.fixture
-def ops(engine, tree: Path) -> FastOps:
-    return FastOps(engine, {"source": str(tree), "mountpoint": "/mnt/test"}, no_open=False)
+def served(tree: Path) -> Iterator[Served]:
+    s = Served(make_engine(tree))
+    yield s
+    s.close()
 
 
-def _errno(call, *args, **kwargs) -> int:
-    with pytest.raises(FuseOSError) as info:
-        call(*args, **kwargs)
-    return info.value.errno
+# -- INIT -------------------------------------------------------------------------------------------
+def test_init_reply_names_what_fastfs_uses(served: Served) -> None:
+    major, minor, _ra, flags, max_bg, _cong, _mw, _gran, max_pages, _align, flags2, depth, _to = struct.unpack_from(
+        "<IIIIHHIIHHIIH", served.init_reply
+    )
+    both = flags | flags2 << 32
+    assert (major, minor) == (7, 45)
+    for flag in (abi.Init.ASYNC_READ, abi.Init.PARALLEL_DIROPS, abi.Init.MAX_PAGES, abi.Init.DO_READDIRPLUS):
+        assert both & flag, flag.name
+    assert not both & (abi.Init.WRITEBACK_CACHE | abi.Init.AUTO_INVAL_DATA | abi.Init.POSIX_LOCKS)
+    assert not both & abi.Init.PASSTHROUGH and depth == 0  # not wished for here
+    assert max_pages == 256 and max_bg == 64
+    assert served.negotiated.max_read == 1 << 20
 
 
-def _open(ops: FastOps, path: str, flags: int = os.O_RDONLY) -> FileInfo:
-    fi = FileInfo(flags)
-    assert ops.open(path, fi) == 0
-    return fi
-
-
-# -- read-only ------------------------------------------------------------------------------------
-WRITE_CALLS = [
-    ("create", ("/new", 0o644, FileInfo(os.O_CREAT | os.O_WRONLY))),
-    ("write", ("/data.bin", b"x", 0, 1)),
-    ("truncate", ("/data.bin", 0)),
-    ("unlink", ("/data.bin",)),
-    ("mkdir", ("/newdir", 0o755)),
-    ("rmdir", ("/dir",)),
-    ("rename", ("/data.bin", "/moved")),
-    ("symlink", ("/newlink", "data.bin")),
-    ("link", ("/hard", "/data.bin")),
-    ("chmod", ("/data.bin", 0o600)),
-    ("chown", ("/data.bin", 1, 1)),
-    ("utimens", ("/data.bin", (0, 0))),
-    ("setxattr", ("/data.bin", "user.x", b"1", 0)),
-    ("removexattr", ("/data.bin", "user.x")),
-    ("mknod", ("/fifo", stat.S_IFIFO | 0o644, 0)),
-]
-
-
-@pytest.mark.parametrize(("name", "args"), WRITE_CALLS, ids=[c[0] for c in WRITE_CALLS])
-def test_write_operations_answer_erofs(ops: FastOps, tree: Path, name: str, args: tuple) -> None:
+# -- read-only --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("opcode", sorted(abi.WRITE_OPS), ids=lambda o: Op(o).name)
+def test_write_requests_answer_erofs(served: Served, tree: Path, opcode: int) -> None:
     before = sorted(os.listdir(tree))
-    assert _errno(getattr(ops, name), *args) == errno.EROFS
+    assert served.call(opcode, b"\0" * 64 + b"x\0", 1)[0] == errno.EROFS
     assert sorted(os.listdir(tree)) == before
     assert (tree / "data.bin").read_bytes() == CONTENT
 
 
 @pytest.mark.parametrize("flags", [os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC, os.O_WRONLY | os.O_APPEND])
-def test_open_for_writing_is_erofs(ops: FastOps, flags: int) -> None:
-    assert _errno(ops.open, "/data.bin", FileInfo(flags)) == errno.EROFS
-    assert _errno(ops.access, "/data.bin", os.W_OK) == errno.EROFS
+def test_open_for_writing_is_erofs(served: Served, flags: int) -> None:
+    node = served.node("/data.bin")
+    assert served.call(Op.OPEN, abi.OPEN_IN.pack(flags, 0), node)[0] == errno.EROFS
+    assert served.call(Op.ACCESS, abi.ACCESS_IN.pack(os.W_OK, 0), node)[0] == errno.EROFS
 
 
-# -- metadata and data ----------------------------------------------------------------------------
-def test_getattr_mirrors_lstat(ops: FastOps, tree: Path) -> None:
-    attrs = ops.getattr("/data.bin")
-    st = os.lstat(tree / "data.bin")
-    assert attrs["st_size"] == len(CONTENT)
-    assert attrs["st_mode"] == st.st_mode
-    assert attrs["st_mtime"] == st.st_mtime_ns
-    link = ops.getattr("/link")
-    assert stat.S_ISLNK(link["st_mode"])
-    assert ops.readlink("/link") == "data.bin"
-    assert _errno(ops.getattr, "/missing") == errno.ENOENT
+def test_unknown_and_unsupported_requests_are_enosys(served: Served) -> None:
+    for opcode in (Op.FSYNC, Op.LSEEK, Op.STATX, Op.POLL, Op.IOCTL, Op.BMAP, 999):
+        assert served.call(opcode, b"\0" * 64)[0] == errno.ENOSYS
 
 
-def test_readdir_lists_dot_entries_and_names(ops: FastOps) -> None:
-    assert sorted(ops.readdir("/", 0)) == sorted([".", "..", "data.bin", "dir", "link"])
-    assert sorted(ops.readdir("/dir", 0)) == [".", "..", "small.txt"]
+# -- metadata ---------------------------------------------------------------------------------------
+def test_lookup_and_getattr_mirror_lstat(served: Served, tree: Path) -> None:
+    err, payload = lookup(served.fk, 1, "data.bin")
+    assert err == 0
+    attr = entry_attr(payload)
+    st_ = os.lstat(tree / "data.bin")
+    assert attr[0] == st_.st_ino and attr[1] == len(CONTENT) and attr[9] == st_.st_mode
+    assert attr[4] * 10**9 + attr[7] == st_.st_mtime_ns
+    nodeid = entry_nodeid(payload)
+    err, out = served.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), nodeid)
+    assert err == 0 and abi.ATTR_OUT.unpack(out)[3 + 1] == len(CONTENT)
+    link = served.node("/link")
+    assert served.call(Op.READLINK, b"", link) == (0, b"data.bin")
+    assert lookup(served.fk, 1, "missing")[0] == 0  # a negative entry (node id 0) the kernel may cache
+    assert entry_nodeid(lookup(served.fk, 1, "missing")[1]) == 0
 
 
-def test_open_read_release(ops: FastOps) -> None:
-    fi = _open(ops, "/data.bin")
-    assert 0 < fi.fh < VIRTUAL_FH_BASE
-    assert fi.direct_io == 0
-    assert ops.read("/data.bin", 4096, 0, fi.fh) == CONTENT[:4096]
-    assert ops.read("/data.bin", 1000, 12345, fi.fh) == CONTENT[12345:13345]
-    assert ops.read("/data.bin", 4096, len(CONTENT) - 10, fi.fh) == CONTENT[-10:]
-    assert ops.read("/data.bin", 4096, len(CONTENT) + 5, fi.fh) == b""
-    buf = bytearray(777)
-    assert ops.read_into(None, fi.fh, 300, memoryview(buf)) == 777
-    assert bytes(buf) == CONTENT[300:1077]
-    assert ops.release("/data.bin", fi.fh) == 0
-    assert _errno(ops.read, "/data.bin", 10, 0, fi.fh) == errno.EBADF
+def test_missing_name_without_negative_caching_is_enoent(tree: Path) -> None:
+    s = Served(make_engine(tree, **{"fuse.negative_timeout": "0"}))
+    try:
+        assert lookup(s.fk, 1, "missing")[0] == errno.ENOENT
+    finally:
+        s.close()
 
 
-def test_no_open_mode_reads_by_path(engine, tree: Path) -> None:
-    ops = FastOps(engine, {"source": str(tree)}, no_open=True)
-    assert _errno(ops.open, "/data.bin", FileInfo()) == errno.ENOSYS
-    assert ops.read("/data.bin", 5000, 100, 0) == CONTENT[100:5100]
-    assert ops.read("/dir/small.txt", 100, 0, 0) == b"hello\n"
-    # The stats file still works without open: the snapshot sized by getattr is served.
-    size = ops.getattr(STATS_FILE)["st_size"]
-    data = ops.read(STATS_FILE, size + 100, 0, 0)
-    assert len(data) == size
-    assert json.loads(data)["mount"]["source"] == str(tree)
+def test_readdir_pages_through_every_entry_once(served: Served, tree: Path) -> None:
+    for i in range(300):
+        (tree / "dir" / f"f{i:03d}-{'x' * (i % 40)}").write_bytes(b"")
+    node = served.node("/dir")
+    seen, offset = [], 0
+    while True:
+        err, payload = served.call(Op.READDIR, read_body(0, offset, 4096), node)
+        assert err == 0
+        entries = parse_dirents(payload)
+        if not entries:
+            break
+        seen += [name for name, _, _ in entries]
+        offset = entries[-1][1]
+    assert sorted(seen) == sorted([".", "..", *os.listdir(tree / "dir")])
+    assert len(seen) == len(set(seen))
 
 
-def test_statfs_and_access(ops: FastOps) -> None:
-    sv = ops.statfs("/")
-    assert sv["f_bsize"] > 0 and sv["f_blocks"] > 0
-    assert sv["f_flag"] & os.ST_RDONLY
-    assert ops.access("/data.bin", os.R_OK) == 0
-    assert _errno(ops.access, "/missing", os.R_OK) in (errno.ENOENT, errno.EACCES)
+def test_readdirplus_counts_one_lookup_per_entry(served: Served) -> None:
+    err, payload = served.call(Op.READDIRPLUS, read_body(0, 0, 1 << 16), 1)
+    assert err == 0
+    entries = {name: nodeid for name, _, nodeid in parse_dirents(payload, plus=True)}
+    assert set(entries) == {".", "..", "data.bin", "dir", "link"}  # the control directory is hidden
+    assert entries["."] == entries[".."] == 0  # the kernel links no dot entries
+    data = served.ops.nodes.get(entries["data.bin"])
+    assert data is not None and data.nlookup == 1
+    served.fk.send(Op.FORGET, abi.FORGET_IN.pack(1), entries["data.bin"])
+    assert served.fk.silent()  # FORGET takes no reply
+    assert served.ops.nodes.get(entries["data.bin"]) is None
+    served.ops.nodes.check_invariants()
 
 
-# -- hidden stats ---------------------------------------------------------------------------------
-def test_stats_directory_is_hidden_but_reachable(ops: FastOps) -> None:
-    assert ".fastfs" not in ops.readdir("/", 0)
-    d = ops.getattr(STATS_DIR)
-    assert stat.S_ISDIR(d["st_mode"]) and stat.S_IMODE(d["st_mode"]) == 0o555
-    f = ops.getattr(STATS_FILE)
-    assert stat.S_ISREG(f["st_mode"]) and stat.S_IMODE(f["st_mode"]) == 0o444
-    assert f["st_size"] > 0
-    assert ops.readdir(STATS_DIR, 0) == [".", "..", "stats"]
-    assert _errno(ops.getattr, "/.fastfs/other") == errno.ENOENT
-    assert _errno(ops.open, STATS_DIR, FileInfo()) == errno.EISDIR
-    assert _errno(ops.open, STATS_FILE, FileInfo(os.O_WRONLY)) == errno.EROFS
+def test_statfs_and_access(served: Served) -> None:
+    err, out = served.call(Op.STATFS)
+    blocks, *_rest = abi.STATFS_OUT.unpack(out)
+    assert err == 0 and blocks > 0
+    node = served.node("/data.bin")
+    assert served.call(Op.ACCESS, abi.ACCESS_IN.pack(os.R_OK, 0), node)[0] == 0
 
 
-def test_stats_file_serves_one_snapshot_and_is_not_counted(ops: FastOps, engine, tree: Path) -> None:
-    fi = _open(ops, "/data.bin")
-    ops.read("/data.bin", 65536, 0, fi.fh)
-    requested = engine.snapshot()["counters"]["bytes_requested"]
-    sfi = _open(ops, STATS_FILE)
-    assert sfi.fh >= VIRTUAL_FH_BASE and sfi.direct_io == 1 and sfi.keep_cache == 0
-    first = ops.read(STATS_FILE, 100, 0, sfi.fh)
-    ops.read("/data.bin", 65536, 65536, fi.fh)  # the open snapshot must not change under the reader
-    rest = ops.read(STATS_FILE, 1 << 20, 100, sfi.fh)
+# -- versions ---------------------------------------------------------------------------------------
+def test_replaced_file_gets_a_new_node_and_old_opens_are_stale(served: Served, tree: Path) -> None:
+    old = served.node("/data.bin")
+    fh, _ = served.open(old)
+    new_bytes = os.urandom(5000)
+    (tree / "next").write_bytes(new_bytes)
+    os.replace(tree / "next", tree / "data.bin")
+    # the open handle keeps its version: bytes and (fstat) size
+    assert served.read(old, fh, 4096, 100) == (0, CONTENT[4096:4196])
+    err, out = served.call(Op.GETATTR, abi.GETATTR_IN.pack(abi.GETATTR_FH, 0, fh), old)
+    assert err == 0 and abi.ATTR_OUT.unpack(out)[4] == len(CONTENT)
+    # a path stat or a new open of the old inode makes the kernel look the name up again
+    assert served.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), old)[0] == errno.ESTALE
+    assert served.call(Op.OPEN, abi.OPEN_IN.pack(os.O_RDONLY, 0), old)[0] == errno.ESTALE
+    new = served.node("/data.bin")
+    assert new != old
+    fh2, flags = served.open(new)
+    assert flags & abi.FOPEN_KEEP_CACHE  # a node's pages are always its own version's
+    assert served.read(new, fh2, 0, 8192) == (0, new_bytes)
+    served.release(old, fh)
+    served.release(new, fh2)
+    served.ops.nodes.check_invariants()
+
+
+def test_same_version_keeps_its_node(served: Served) -> None:
+    assert served.node("/data.bin") == served.node("/data.bin")
+    assert served.ops.nodes.get(served.node("/data.bin")).nlookup == 3
+
+
+# -- data -------------------------------------------------------------------------------------------
+def test_open_read_release(served: Served) -> None:
+    node = served.node("/data.bin")
+    fh, flags = served.open(node)
+    assert 0 < fh < VIRTUAL_FH_BASE and flags & abi.FOPEN_NOFLUSH and not flags & abi.FOPEN_DIRECT_IO
+    assert served.read(node, fh, 0, 4096) == (0, CONTENT[:4096])
+    assert served.read(node, fh, 12345, 1000) == (0, CONTENT[12345:13345])
+    assert served.read(node, fh, len(CONTENT) - 10, 4096) == (0, CONTENT[-10:])
+    assert served.read(node, fh, len(CONTENT) + 5, 4096) == (0, b"")
+    assert served.read(node, fh, 0, 1 << 20) == (0, CONTENT)
+    served.release(node, fh)
+    assert served.read(node, fh, 0, 10)[0] == errno.EBADF
+
+
+def test_no_open_mode_reads_by_node(tree: Path) -> None:
+    s = Served(make_engine(tree), no_open=True)
+    try:
+        node = s.node("/data.bin")
+        assert s.call(Op.OPEN, abi.OPEN_IN.pack(os.O_RDONLY, 0), node)[0] == errno.ENOSYS
+        assert s.read(node, 0, 100, 5000) == (0, CONTENT[100:5100])
+        small = s.node("/dir/small.txt")
+        assert s.read(small, 0, 0, 100) == (0, b"hello\n")
+        err, data = s.read(STATS_ID, 0, 0, 1 << 20)  # the stats file works without open too
+        assert err == 0 and json.loads(data)["mount"]["mountpoint"] == "/mnt/test"
+    finally:
+        s.close()
+
+
+# -- the control directory --------------------------------------------------------------------------
+def test_control_directory_is_hidden_but_reachable(served: Served) -> None:
+    err, payload = lookup(served.fk, 1, ".fastfs")
+    assert err == 0 and entry_nodeid(payload) == CONTROL_ID
+    mode = entry_attr(payload)[9]
+    assert stat.S_ISDIR(mode) and stat.S_IMODE(mode) == 0o555
+    err, payload = lookup(served.fk, CONTROL_ID, "stats")
+    assert err == 0 and entry_nodeid(payload) == STATS_ID
+    assert stat.S_IMODE(entry_attr(payload)[9]) == 0o444
+    assert lookup(served.fk, CONTROL_ID, "other")[0] == errno.ENOENT
+    err, payload = served.call(Op.READDIR, read_body(0, 0, 4096), CONTROL_ID)
+    assert [n for n, _, _ in parse_dirents(payload)] == [".", "..", "stats"]
+    assert served.call(Op.OPEN, abi.OPEN_IN.pack(os.O_RDONLY, 0), CONTROL_ID)[0] == errno.EISDIR
+    assert served.call(Op.OPEN, abi.OPEN_IN.pack(os.O_WRONLY, 0), STATS_ID)[0] == errno.EROFS
+
+
+def test_stats_file_serves_one_snapshot_and_is_not_counted(served: Served, engine_counter=None) -> None:
+    node = served.node("/data.bin")
+    fh, _ = served.open(node)
+    served.read(node, fh, 0, 65536)
+    requested = served.engine.snapshot()["counters"]["bytes_requested"]
+    sfh, flags = served.open(STATS_ID)
+    assert sfh >= VIRTUAL_FH_BASE and flags & abi.FOPEN_DIRECT_IO and not flags & abi.FOPEN_KEEP_CACHE
+    first = served.read(STATS_ID, sfh, 0, 100)[1]
+    served.read(node, fh, 65536, 65536)  # the open snapshot must not change under its reader
+    rest = served.read(STATS_ID, sfh, 100, 1 << 20)[1]
     snap = json.loads(first + rest)
     assert snap["counters"]["bytes_requested"] == requested
-    assert snap["mount"] == {"source": str(tree), "mountpoint": "/mnt/test", "pid": os.getpid()}
-    ops.release(STATS_FILE, sfi.fh)
-    assert _errno(ops.read, STATS_FILE, 100, 0, sfi.fh) == errno.EBADF
-    # Reading stats did not count as data reads.
-    assert engine.snapshot()["counters"]["bytes_requested"] == requested + 65536
+    assert snap["mount"] == {"source": "SRC", "mountpoint": "/mnt/test", "pid": os.getpid()}
+    assert snap["kernel"]["protocol"] == "7.45" and snap["kernel"]["requests"]["open"] >= 2
+    served.release(STATS_ID, sfh)
+    assert served.read(STATS_ID, sfh, 0, 100)[0] == errno.EBADF
+    assert served.engine.snapshot()["counters"]["bytes_requested"] == requested + 65536
 
 
-def test_stats_xattr_on_root_only(ops: FastOps) -> None:
-    snap = json.loads(ops.getxattr("/", "user.fastfs.stats"))
-    assert "counters" in snap and snap["mount"]["mountpoint"] == "/mnt/test"
-    assert _errno(ops.getxattr, "/data.bin", "user.fastfs.stats") == errno.ENODATA
-    assert "user.fastfs.stats" not in ops.listxattr("/")
-    assert ops.listxattr(STATS_FILE) == []
+def _getxattr(served: Served, nodeid: int, name: str, size: int = 1 << 16) -> tuple[int, bytes]:
+    return served.call(Op.GETXATTR, abi.GETXATTR_IN.pack(size, 0) + name.encode() + b"\0", nodeid)
 
 
-def test_missing_xattr_is_enodata(ops: FastOps) -> None:
-    assert _errno(ops.getxattr, "/data.bin", "user.nothing.here") in (errno.ENODATA, errno.ENOTSUP)
-    assert _errno(ops.getxattr, STATS_FILE, "user.nothing.here") == errno.ENODATA
+def test_stats_xattr_on_root_only(served: Served) -> None:
+    err, value = _getxattr(served, 1, "user.fastfs.stats")
+    assert err == 0 and json.loads(value)["mount"]["mountpoint"] == "/mnt/test"
+    err, out = _getxattr(served, 1, "user.fastfs.stats", 0)  # size query
+    assert err == 0 and abi.GETXATTR_OUT.unpack(out)[0] > 100
+    assert _getxattr(served, 1, "user.fastfs.stats", 10)[0] == errno.ERANGE
+    assert _getxattr(served, served.node("/data.bin"), "user.fastfs.stats")[0] == errno.ENODATA
+    assert _getxattr(served, STATS_ID, "user.nothing")[0] == errno.ENODATA
+    assert served.call(Op.LISTXATTR, abi.GETXATTR_IN.pack(4096, 0), STATS_ID) == (0, b"")
 
 
-# -- control channel and error translation with a stub engine -------------------------------------
-class StubEngine:
-    """Engine stand-in whose calls raise what a test asks for."""
+def test_warm_xattr_runs_once_per_size_query(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
 
-    def __init__(self, raise_with: BaseException | None = None) -> None:
-        self.config = load_config(None, None, use_default_path=False)
-        self.raise_with = raise_with
-        self.warm_calls: list[str] = []
+    def warm(path: str) -> dict:
+        calls.append(path)
+        return {"files": 3, "bytes": 12345678901234, "seconds": 0.25, "path": path * 10}
 
-    def _maybe_raise(self) -> None:
-        if self.raise_with is not None:
-            raise self.raise_with
+    monkeypatch.setattr(served.engine, "warm", warm)
+    node = served.node("/dir")
+    err, out = _getxattr(served, node, "user.fastfs.warm", 0)  # size query: computed and kept
+    size = abi.GETXATTR_OUT.unpack(out)[0]
+    err, value = _getxattr(served, node, "user.fastfs.warm", size)
+    assert err == 0 and json.loads(value)["files"] == 3
+    assert calls == ["/dir"]
+    _getxattr(served, node, "user.fastfs.warm")
+    _getxattr(served, node, "user.fastfs.warm")
+    assert calls == ["/dir", "/dir", "/dir"]
+
+
+# -- the session: errors, the watchdog, interrupts --------------------------------------------------
+class Stub:
+    """Engine stand-in for adapter error paths."""
+
+    def __init__(self, tree: Path, exc: BaseException | None = None, delay: float = 0.0) -> None:
+        self.config = load_config(None, {"fuse.passthrough": "off"}, use_default_path=False)
+        self.tree, self.exc, self.delay = tree, exc, delay
+        self.passthrough_available = False
 
     def lstat(self, path: str) -> os.stat_result:
-        self._maybe_raise()
-        return os.lstat("/")
-
-    def listdir(self, path: str) -> list[str]:
-        self._maybe_raise()
-        return ["x"]
-
-    def read_into(self, fh: int, offset: int, dest: memoryview, path: str | None = None) -> int:
-        self._maybe_raise()
-        return 0
-
-    def open(self, path: str, flags: int):
-        self._maybe_raise()
-        raise AssertionError("not reached")
-
-    def getxattr(self, path: str, name: str) -> bytes:
-        self._maybe_raise()
-        raise OSError(errno.ENODATA, "no data")
+        if path != "/":
+            time.sleep(self.delay)
+            if self.exc is not None:
+                raise self.exc
+        return os.lstat(self.tree)
 
     def snapshot(self, top: int = 10) -> dict:
         return {"counters": {}}
 
-    def warm(self, path: str) -> dict:
-        self.warm_calls.append(path)
-        return {"files": 3, "bytes": 12345678901234, "seconds": 0.25, "path": path * 10}
+    def close(self) -> None:
+        pass
 
 
 @pytest.mark.parametrize(
@@ -246,115 +355,126 @@ class StubEngine:
         (OSError("no errno"), errno.EIO),
         (RuntimeError("bug"), errno.EIO),
         (ValueError("embedded null byte"), errno.EIO),
-        (KeyError("x"), errno.EIO),
     ],
 )
-def test_error_translation(exc: BaseException, code: int) -> None:
-    ops = FastOps(StubEngine(exc), no_open=False)
-    assert _errno(ops.getattr, "/x") == code
-    assert _errno(ops.readdir, "/", 0) == code
-    assert _errno(ops.read, "/x", 10, 0, 5) == code
-    assert _errno(ops.open, "/x", FileInfo()) == code
-
-
-def test_unexpected_errors_are_logged_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
-    ops = FastOps(StubEngine(RuntimeError("bug")), no_open=False)
-    with caplog.at_level("ERROR", logger="fastfs.ops"):
-        for _ in range(50):
-            _errno(ops.getattr, "/x")
-    lines = [r for r in caplog.records if "getattr" in r.getMessage()]
-    assert len(lines) == 1
-    assert "RuntimeError" in lines[0].getMessage()
-
-
-def test_rate_limited_log_counts_suppressed(caplog: pytest.LogCaptureFixture) -> None:
-    limiter = _RateLimitedLog(interval=0.0)
-    with caplog.at_level("ERROR", logger="fastfs.ops"):
-        limiter.log("read", RuntimeError("a"))
-        limiter.log("read", RuntimeError("b"))
-    assert len(caplog.records) == 2
-
-
-def test_warm_xattr_runs_once_per_size_query() -> None:
-    stub = StubEngine()
-    ops = FastOps(stub, no_open=False)
-    # A size query (buffer 0) computes the result and keeps it for the real query.
-    first = ops.getxattr("/d", "user.fastfs.warm", 0, 0)
-    second = ops.getxattr("/d", "user.fastfs.warm", 0, len(first))
-    assert first == second
-    assert json.loads(second)["files"] == 3
-    assert stub.warm_calls == ["/d"]
-    # A call whose buffer is large enough does not leave a stale result behind.
-    ops.getxattr("/d", "user.fastfs.warm", 0, 1 << 16)
-    ops.getxattr("/d", "user.fastfs.warm", 0, 1 << 16)
-    assert stub.warm_calls == ["/d", "/d", "/d"]
-
-
-def test_warm_without_engine_support_is_enotsup(ops: FastOps, engine) -> None:
-    if hasattr(engine, "warm"):
-        result = json.loads(ops.getxattr("/dir", "user.fastfs.warm", 0, 1 << 16))
-        assert result["files"] >= 1
-    else:
-        assert _errno(ops.getxattr, "/dir", "user.fastfs.warm") == errno.ENOTSUP
-
-
-# -- property test over read/getattr arguments ----------------------------------------------------
-NAMES = [
-    "/data.bin",
-    "/dir/small.txt",
-    "/dir",
-    "/link",
-    "/",
-    "/missing",
-    STATS_FILE,
-    STATS_DIR,
-    "/.fastfs/x",
-    "/../etc/passwd",
-    "/dir/../data.bin",
-    "//data.bin",
-    "/data.bin/",
-    "/a\x00b",
-    "/" + "n" * 5000,
-]
-BIG = 2**64
-
-paths = st.one_of(st.sampled_from(NAMES), st.text(max_size=300).map(lambda s: "/" + s))
-ints = st.one_of(st.integers(min_value=-BIG, max_value=BIG), st.sampled_from([0, 1, 4095, 4096, 1 << 20, -1]))
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(path=paths, size=ints, offset=ints, fh=st.one_of(ints, st.sampled_from(["open", "stats", 0])))
-def test_read_arguments_give_data_or_errno(ops: FastOps, path: str, size: int, offset: int, fh: object) -> None:
-    handles = []
-    if fh == "open":
-        fh = _open(ops, "/data.bin").fh
-        handles.append(fh)
-    elif fh == "stats":
-        fh = _open(ops, STATS_FILE).fh
-        handles.append(fh)
+def test_error_translation(tree: Path, exc: BaseException, code: int) -> None:
+    s = Served(Stub(tree, exc, 0.0))
     try:
-        data = ops.read(path, size, offset, fh)
-    except FuseOSError as e:
-        assert isinstance(e.errno, int) and e.errno > 0
-    else:
-        assert isinstance(data, bytes)
-        assert len(data) <= size
-        if handles and fh < VIRTUAL_FH_BASE and offset >= 0:
-            assert data == CONTENT[offset : offset + size]
+        if code == errno.ENOENT:  # a missing name is a negative entry
+            assert entry_nodeid(lookup(s.fk, 1, "x")[1]) == 0
+        else:
+            assert lookup(s.fk, 1, "x")[0] == code
     finally:
-        for h in handles:
-            ops.release(None, h)
+        s.close()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(path=paths)
-def test_metadata_arguments_give_result_or_errno(ops: FastOps, path: str) -> None:
-    for call in (ops.getattr, ops.readdir, ops.readlink, ops.listxattr):
-        try:
-            call(path) if call is not ops.readdir else call(path, 0)
-        except FuseOSError as e:
-            assert isinstance(e.errno, int) and e.errno > 0
+def test_unexpected_errors_are_logged_rate_limited(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
+    s = Served(Stub(tree, RuntimeError("bug")))
     try:
-        ops.access(path, os.R_OK)
-    except FuseOSError as e:
-        assert e.errno > 0
+        with caplog.at_level("ERROR", logger="fastfs.kernel"):
+            for _ in range(30):
+                assert lookup(s.fk, 1, "x")[0] == errno.EIO
+        lines = [r for r in caplog.records if "LOOKUP" in r.getMessage()]
+        assert len(lines) == 1 and "RuntimeError" in lines[0].getMessage()
+    finally:
+        s.close()
+
+
+def test_watchdog_answers_a_hung_request_and_the_rest_keep_working(tree: Path) -> None:
+    stub = Stub(tree, delay=5.0)
+    s = Served(stub, request_timeout=0.5)
+    try:
+        t0 = time.monotonic()
+        hung = [s.fk.send(Op.LOOKUP, b"x\0", 1) for _ in range(3)]  # more than the 2 workers
+        for unique in hung:
+            assert s.fk.reply(unique, timeout=4)[0] == errno.EIO
+        assert time.monotonic() - t0 < 3.0
+        stub.delay = 0.0
+        assert s.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), 1)[0] == 0  # replacement workers serve
+        assert s.session.counters()["timeouts"] == 3
+    finally:
+        s.close()
+
+
+def test_interrupt_answers_eintr_and_unknown_interrupts_are_eagain(tree: Path) -> None:
+    stub = Stub(tree, delay=3.0)
+    s = Served(stub)
+    try:
+        unique = s.fk.send(Op.LOOKUP, b"x\0", 1)
+        time.sleep(0.2)
+        intr = s.fk.send(Op.INTERRUPT, abi.INTERRUPT_IN.pack(unique))
+        t0 = time.monotonic()
+        assert s.fk.reply(unique, timeout=3)[0] == errno.EINTR
+        assert time.monotonic() - t0 < 2.5
+        with pytest.raises(TimeoutError):  # an interrupt that found its request takes no reply
+            s.fk.reply(intr, timeout=0.3)
+        assert s.fk.call(Op.INTERRUPT, abi.INTERRUPT_IN.pack(12345))[0] == errno.EAGAIN
+    finally:
+        s.close()
+
+
+def test_concurrent_requests_each_get_their_own_reply(served: Served) -> None:
+    node = served.node("/data.bin")
+    fh, _ = served.open(node)
+    errors: list[str] = []
+
+    def reader(seed: int) -> None:
+        for i in range(50):
+            offset = (seed * 7919 + i * 4099) % (len(CONTENT) - 4096)
+            if served.read(node, fh, offset, 4096) != (0, CONTENT[offset : offset + 4096]):
+                errors.append(f"{seed}/{i}")
+
+    threads = [threading.Thread(target=reader, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+# -- properties over request arguments --------------------------------------------------------------
+BIG = 2**64 - 1
+u64 = st.one_of(st.integers(min_value=0, max_value=BIG), st.sampled_from([0, 1, 4095, 4096, 1 << 20, BIG]))
+u32 = st.integers(min_value=0, max_value=2**32 - 1)
+names = st.one_of(
+    st.sampled_from(["data.bin", "dir", "link", "missing", ".fastfs", "..", ".", "a/b", "", "n" * 300]),
+    st.binary(max_size=300).map(lambda b: b.decode("utf-8", "surrogateescape")),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fh=u64, offset=u64, size=u32, nodeid=st.sampled_from([1, 2, 3, 0, 999999]), opened=st.booleans())
+def test_read_arguments_give_data_or_errno(served: Served, fh: int, offset: int, size: int, nodeid: int, opened):
+    node = served.node("/data.bin")
+    if opened:
+        fh, _ = served.open(node)
+        nodeid = node
+    try:
+        err, data = served.read(nodeid, fh, offset, size)
+        assert err >= 0
+        if err == 0:
+            assert len(data) <= size
+            if opened:
+                assert data == CONTENT[offset : offset + min(size, 1 << 20)]
+    finally:
+        if opened:
+            served.release(node, fh)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=names, parent=st.sampled_from([1, 2, 3, 0, 999999]), body=st.binary(max_size=64))
+def test_metadata_arguments_give_result_or_errno(served: Served, name: str, parent: int, body: bytes) -> None:
+    raw = os.fsencode(name).replace(b"\0", b"") + b"\0"
+    for opcode, payload in (
+        (Op.LOOKUP, raw),
+        (Op.GETATTR, body),
+        (Op.READLINK, b""),
+        (Op.READDIR, body),
+        (Op.READDIRPLUS, read_body(0, 0, 4096)),
+        (Op.LISTXATTR, abi.GETXATTR_IN.pack(4096, 0)),
+        (Op.GETXATTR, abi.GETXATTR_IN.pack(4096, 0) + raw),
+        (Op.ACCESS, abi.ACCESS_IN.pack(os.R_OK, 0)),
+        (Op.OPEN, body),
+    ):
+        err, _ = served.call(opcode, payload, parent)
+        assert err >= 0

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 import pytest
-from conftest import evict_page_cache, mounted, wait_for
+from conftest import SERVED, evict_page_cache, mounted, wait_for
 
 MIB = 1024 * 1024
 SMALL = 3073
@@ -30,7 +30,7 @@ def big(src):
 
 
 def test_counters_match_bytes_read_and_second_read_hits_cache(src, mnt, big):
-    with mounted(src, mnt) as m:
+    with mounted(src, mnt, options=[SERVED]) as m:
         before = counters(m)
         assert read_file(mnt / "big.bin") == big
         after = counters(m)
@@ -58,7 +58,7 @@ def test_counters_match_bytes_read_and_second_read_hits_cache(src, mnt, big):
 
 
 def test_random_reads_through_mount_fetch_little(src, mnt, big):
-    with mounted(src, mnt, options=["readahead.formats=false"]) as m:
+    with mounted(src, mnt, options=["readahead.formats=false", SERVED]) as m:
         rng = random.Random(9)
         fd = os.open(mnt / "big.bin", os.O_RDONLY)
         try:
@@ -80,7 +80,7 @@ def test_small_file_scan_prefetches_the_directory(src, mnt):
     files = {f"img{i:04d}.jpg": rng.bytes(SMALL) for i in range(300)}
     for name, data in files.items():
         (d / name).write_bytes(data)
-    with mounted(src, mnt) as m:
+    with mounted(src, mnt, options=[SERVED]) as m:
         names = sorted(files)
         for name in names[:3]:
             assert read_file(mnt / "images" / name) == files[name]
@@ -99,7 +99,7 @@ def test_npy_format_plan_through_mount(src, mnt):
     np.save(src / "w.npy", arr)
     renamed = src / "weights.bin"
     os.link(src / "w.npy", renamed)
-    with mounted(src, mnt) as m:
+    with mounted(src, mnt, options=[SERVED]) as m:
         with open(mnt / "weights.bin", "rb") as f:  # detected by content, not by name
             assert wait_for(lambda: counters(m)["format_plans"] == 1)
             assert np.array_equal(np.load(f), arr)
@@ -120,12 +120,12 @@ def test_learned_set_is_replayed_after_remount(src, mnt, tmp_path):
     env = {"STATE_DIRECTORY": str(state)}
     order = list(files)
     random.Random(4).shuffle(order)
-    with mounted(src, mnt, env=env):
+    with mounted(src, mnt, options=[SERVED], env=env):
         for name in order:
             assert read_file(mnt / "shards" / name) == files[name]
     assert any(p.name.startswith("learned-") for p in state.iterdir())
     random.Random(5).shuffle(order)
-    with mounted(src, mnt, env=env) as m:
+    with mounted(src, mnt, options=[SERVED], env=env) as m:
         assert read_file(mnt / "shards" / order[0]) == files[order[0]]
         assert wait_for(lambda: counters(m)["small_file_scan_files"] >= len(order) - 1)
         c = counters(m)
@@ -144,12 +144,12 @@ def test_checkpoint_read_whole_is_released_whole_after_remount(src, mnt, tmp_pat
     state = tmp_path / "learned-state"
     state.mkdir()
     env = {"STATE_DIRECTORY": str(state)}
-    with mounted(src, mnt, env=env) as m:
+    with mounted(src, mnt, options=[SERVED], env=env) as m:
         with open(mnt / "ckpt.npy", "rb") as f:
             assert wait_for(lambda: counters(m)["format_plans"] == 1)
             assert np.array_equal(np.load(f), arr)
         assert counters(m)["learned_whole_plans"] == 0
-    with mounted(src, mnt, env=env) as m, open(mnt / "ckpt.npy", "rb") as f:
+    with mounted(src, mnt, options=[SERVED], env=env) as m, open(mnt / "ckpt.npy", "rb") as f:
         assert wait_for(lambda: counters(m)["learned_whole_plans"] == 1)
         # the whole payload is on its way before the loader reads past the header
         assert wait_for(lambda: counters(m)["bytes_fetched_prefetch"] >= size - 2 * MIB)

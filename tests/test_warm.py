@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import mounted, run_cli
+from conftest import SERVED, mounted, run_cli
 
 from fastfs.daemon import warm
 
@@ -49,7 +49,7 @@ def counters(mount) -> dict[str, int]:
 def test_warm_tree_then_reads_are_served_from_cache(src: Path, mnt: Path, tmp_path: Path) -> None:
     files = make_tree(src, tmp_path / "outside.bin")
     total = sum(len(d) for d in files.values())
-    with mounted(src, mnt) as m:
+    with mounted(src, mnt, options=[SERVED]) as m:
         before = counters(m)
         r = run_cli("warm", str(mnt), "-j", "4", timeout=120)
         assert r.returncode == 0, r.stderr

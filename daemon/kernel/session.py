@@ -1,0 +1,487 @@
+"""One FUSE connection: the request loop, replies, notifications, backing files, the watchdog.
+
+Threads. After the mount, :meth:`Session.start` reads the kernel's INIT on the connection's device
+descriptor, answers it (:mod:`.negotiate`), then starts ``threads`` workers. Each worker owns a
+clone of the descriptor (``FUSE_DEV_IOC_CLONE``: the kernel hands requests to any idle reader and
+expects each reply on the descriptor its request was read from) and loops: read one request into
+its own buffer, parse the header, call the handler for the opcode, write the reply with one
+``os.writev`` of a header and the handler's buffers (payload bytes are never joined or copied
+here). A read of ``ENODEV`` means the connection is gone (unmounted or aborted): the worker ends.
+
+Handlers are plain callables ``handler(request, body) -> reply`` from the operations adapter, where
+``body`` is a view of the request after its header, valid only during the call. A reply is a
+bytes-like payload, a list of them (sent in order by one writev), None (success without payload)
+or :data:`NO_REPLY` for requests that take none (FORGET, INTERRUPT). An ``OSError`` becomes an
+error reply with its errno; any other exception EIO.
+
+Watchdog. A source that stops answering must not take the daemon with it: one thread looks at
+every worker's current request every :data:`WATCHDOG_TICK` seconds. A request older than its
+timeout (``request_timeout`` for metadata requests; reads have their own, shorter deadline in the
+engine and get ``read_timeout`` plus a margin here) is answered EIO from the watchdog, on the
+worker's descriptor; the worker is abandoned (its late reply is dropped, it exits once its handler
+returns) and a new worker takes its place, up to :data:`MAX_ABANDONED` abandoned at once. A
+request the kernel interrupted (the caller got a signal, ``FUSE_INTERRUPT``) is answered EINTR
+that way after :data:`INTERRUPT_GRACE` seconds if the handler has not finished by then.
+
+Notifications (invalidations) may block in the kernel on locks a request in flight holds, so they
+are written by their own thread from a deduplicated queue (:class:`Notifier`).
+
+Concurrency: ``Worker.current`` is written only by its worker and read (one tuple, atomically) by
+the watchdog; ``Worker.abandoned`` is set once by the watchdog under ``_lock``, which also guards
+``_workers`` and the counts of abandoned workers. Request counters are per worker (no lock on the
+request path) and summed when read.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastfs.daemon.kernel import abi
+from fastfs.daemon.kernel.abi import Op
+from fastfs.daemon.kernel.negotiate import Negotiated, NegotiationError, Offer, Wishes, negotiate
+
+log = logging.getLogger("fastfs.kernel")
+
+# Seconds between watchdog passes over the workers' current requests.
+WATCHDOG_TICK = 0.25
+# Seconds an interrupted request may still take before the watchdog answers it EINTR.
+INTERRUPT_GRACE = 1.0
+# Seconds beyond read_timeout a READ may take before the watchdog answers it (the engine's own
+# deadline comes first; this only catches a read path that never returns).
+READ_MARGIN = 30.0
+# Workers abandoned to hung requests at once before no more are replaced.
+MAX_ABANDONED = 64
+# Request buffer beyond the largest write payload: headers and the longest names.
+REQUEST_SLACK = 64 * 1024
+# Errors of unexpected exceptions logged per opcode at most once in this many seconds.
+ERROR_LOG_INTERVAL = 10.0
+# Invalidations queued beyond which new ones are dropped (a mass change is rare).
+MAX_PENDING_NOTIFICATIONS = 65536
+
+Handler = Callable[["Request", memoryview], Any]
+# A handler's answer for requests the kernel expects no reply to.
+NO_REPLY = object()
+_HEADER = abi.IN_HEADER
+_OUT = abi.OUT_HEADER
+_HEADER_SIZE = _HEADER.size
+_OUT_SIZE = _OUT.size
+
+
+class Request:
+    """One request being served: its header fields and the worker serving it."""
+
+    __slots__ = ("unique", "opcode", "nodeid", "uid", "gid", "pid", "worker")
+
+    def __init__(self, unique: int, opcode: int, nodeid: int, uid: int, gid: int, pid: int, worker: Worker) -> None:
+        self.unique, self.opcode, self.nodeid = unique, opcode, nodeid
+        self.uid, self.gid, self.pid = uid, gid, pid
+        self.worker = worker
+
+    @property
+    def buffer(self) -> memoryview:
+        """The worker's reply buffer (``max_read`` bytes, page-aligned) for READ payloads."""
+        return self.worker.out
+
+
+class Worker:
+    """A thread serving requests from its own clone of the connection's descriptor."""
+
+    __slots__ = ("fd", "buf", "view", "out", "current", "abandoned", "counts", "thread", "owns_fd")
+
+    def __init__(self, fd: int, owns_fd: bool, request_size: int, reply_size: int) -> None:
+        self.fd = fd
+        self.owns_fd = owns_fd
+        self.buf = bytearray(request_size)
+        self.view = memoryview(self.buf)
+        self.out = memoryview(mmap.mmap(-1, reply_size))
+        self.current: tuple[int, int, float, bool] | None = None  # (unique, opcode, started, interrupted)
+        self.abandoned = False
+        self.counts: dict[int, int] = {}
+        self.thread: threading.Thread | None = None
+
+
+class _RateLimitedLog:
+    """One log line per key per interval."""
+
+    def __init__(self) -> None:
+        self._last: dict[Any, float] = {}
+        self._lock = threading.Lock()
+
+    def error(self, key: Any, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(key, -ERROR_LOG_INTERVAL) < ERROR_LOG_INTERVAL:
+                return
+            self._last[key] = now
+        log.error(message, *args)
+
+
+class Notifier:
+    """Writes invalidation notifications from its own thread (deduplicated, bounded)."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._cond = threading.Condition()
+        self._pending: dict[tuple, None] = {}
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="fastfs-notify", daemon=True)
+        self._thread.start()
+
+    def submit(self, item: tuple) -> None:
+        with self._cond:
+            if not self._stopped and len(self._pending) < MAX_PENDING_NOTIFICATIONS:
+                self._pending[item] = None
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                items = list(self._pending)
+                self._pending.clear()
+            for kind, *args in items:
+                if kind == "entry":
+                    self._session.inval_entry(*args)
+                elif kind == "inode":
+                    self._session.inval_inode(*args)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
+
+
+class Session:
+    """A mounted FUSE connection and the threads serving it."""
+
+    def __init__(
+        self,
+        fd: int,
+        handlers: dict[int, Handler],
+        wishes: Wishes,
+        threads: int = 16,
+        request_timeout: float = 0.0,
+        read_timeout: float = 0.0,
+        name: str = "fastfs",
+    ) -> None:
+        self.fd = fd
+        self.handlers = handlers
+        self.wishes = wishes
+        self.threads = threads
+        self.request_timeout = request_timeout
+        self.read_deadline = read_timeout + READ_MARGIN if read_timeout else 0.0
+        self.name = name
+        self.negotiated: Negotiated | None = None
+        self.notifier: Notifier | None = None
+        self._lock = threading.Lock()
+        self._workers: list[Worker] = []
+        self._abandoned = 0
+        self._timeouts = 0
+        self._interrupts = 0
+        self._stopped = threading.Event()
+        self._errors = _RateLimitedLog()
+        self._watchdog: threading.Thread | None = None
+        self._closed = False
+
+    # -- startup --------------------------------------------------------------------------------
+    def start(self, on_init: Callable[[Negotiated], None] | None = None) -> Negotiated:
+        """Answer INIT on the connection, then start the workers and the watchdog.
+
+        *on_init* sees the negotiated connection before any other request is served."""
+        buf = bytearray(abi.MIN_READ_BUFFER * 2)
+        while True:
+            try:
+                n = os.readv(self.fd, [buf])
+            except InterruptedError:
+                continue
+            except OSError as e:
+                if e.errno == errno.ENOENT:
+                    continue
+                raise NegotiationError(f"reading INIT failed: {e.strerror}") from None
+            break
+        length, opcode, unique, _nodeid, _uid, _gid, _pid, _ext, _pad = _HEADER.unpack_from(buf)
+        if opcode != Op.INIT or n < length:
+            raise NegotiationError(f"expected INIT, got opcode {opcode}")
+        body = memoryview(buf)[_HEADER_SIZE:length]
+        try:
+            negotiated = negotiate(Offer.parse(body), self.wishes)
+        except NegotiationError:
+            self._send(self.fd, unique, -errno.EPROTO, ())
+            raise
+        self.negotiated = negotiated
+        if on_init is not None:
+            on_init(negotiated)
+        self._send(self.fd, unique, 0, (negotiated.reply(),))
+        self.notifier = Notifier(self)
+        for _ in range(self.threads):
+            self._spawn()
+        self._watchdog = threading.Thread(target=self._watch, name=f"{self.name}-watchdog", daemon=True)
+        self._watchdog.start()
+        return negotiated
+
+    def _spawn(self) -> Worker | None:
+        assert self.negotiated is not None
+        fd, owns = self._clone()
+        request_size = self.negotiated.max_write + REQUEST_SLACK
+        worker = Worker(fd, owns, request_size, self.negotiated.max_read)
+        thread = threading.Thread(target=self._serve, args=(worker,), name=f"{self.name}-fuse", daemon=True)
+        worker.thread = thread
+        with self._lock:
+            if self._closed:
+                if owns:
+                    os.close(fd)
+                return None
+            self._workers.append(worker)
+        thread.start()
+        return worker
+
+    def _clone(self) -> tuple[int, bool]:
+        """A clone of the session descriptor (replies go back on it), or the descriptor itself."""
+        try:
+            fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            return self.fd, False
+        try:
+            fcntl.ioctl(fd, abi.DEV_IOC_CLONE, struct.pack("I", self.fd))
+        except OSError:
+            os.close(fd)
+            return self.fd, False
+        return fd, True
+
+    # -- the request loop -----------------------------------------------------------------------
+    def _serve(self, worker: Worker) -> None:
+        handlers = self.handlers
+        fd = worker.fd
+        buf = worker.buf
+        view = worker.view
+        counts = worker.counts
+        unpack = _HEADER.unpack_from
+        monotonic = time.monotonic
+        try:
+            while not worker.abandoned:
+                try:
+                    n = os.readv(fd, [buf])
+                except OSError as e:
+                    code = e.errno
+                    if code in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
+                        continue
+                    if code != errno.ENODEV:
+                        log.error("reading the FUSE device failed: %s", e.strerror)
+                    break
+                if n < _HEADER_SIZE:
+                    if n == 0:
+                        break  # end of the connection (only a socket peer says so this way)
+                    continue
+                length, opcode, unique, nodeid, uid, gid, pid, _ext, _pad = unpack(buf)
+                counts[opcode] = counts.get(opcode, 0) + 1
+                handler = handlers.get(opcode)
+                if handler is None:
+                    if opcode not in abi.NO_REPLY_OPS:
+                        self._send(fd, unique, -errno.ENOSYS, ())
+                    continue
+                request = Request(unique, opcode, nodeid, uid, gid, pid, worker)
+                worker.current = (unique, opcode, monotonic(), False)
+                try:
+                    reply = handler(request, view[_HEADER_SIZE:length])
+                    error = 0
+                except OSError as e:
+                    reply = None
+                    error = e.errno if isinstance(e.errno, int) and e.errno > 0 else errno.EIO
+                except Exception as e:  # noqa: BLE001 - a bug must cost one request, not the daemon
+                    reply = None
+                    error = errno.EIO
+                    self._errors.error(
+                        opcode, "%s failed with %s: %s; answered EIO", _name(opcode), type(e).__name__, e
+                    )
+                worker.current = None
+                if worker.abandoned:
+                    break  # the watchdog answered this request already
+                if error:
+                    self._send(fd, unique, -error, ())
+                elif reply is None:
+                    self._send(fd, unique, 0, ())
+                elif reply is not NO_REPLY:
+                    self._send(fd, unique, 0, reply if isinstance(reply, list) else (reply,))
+        finally:
+            with self._lock:
+                if worker in self._workers:
+                    self._workers.remove(worker)
+                if worker.abandoned:
+                    self._abandoned -= 1
+                last = not self._workers
+            if worker.owns_fd:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            if last and not worker.abandoned:
+                self._stopped.set()
+
+    def _send(self, fd: int, unique: int, error: int, payload: Any) -> None:
+        size = _OUT_SIZE
+        for part in payload:
+            size += len(part)
+        try:
+            os.writev(fd, [_OUT.pack(size, error, unique), *payload])
+        except OSError as e:
+            # ENOENT: the kernel no longer waits for this request (interrupted, or answered by the
+            # watchdog); ENODEV: the connection is gone
+            if e.errno not in (errno.ENOENT, errno.ENODEV):
+                self._errors.error(("reply", e.errno), "FUSE reply failed: %s", e.strerror)
+
+    # -- interrupts and the watchdog ------------------------------------------------------------
+    def interrupt(self, unique: int) -> bool:
+        """Mark the request *unique* interrupted; False when no worker is serving it (yet)."""
+        with self._lock:
+            workers = list(self._workers)
+        for worker in workers:
+            current = worker.current
+            if current is not None and current[0] == unique:
+                worker.current = (current[0], current[1], current[2], True)
+                self._interrupts += 1
+                return True
+        return False
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(WATCHDOG_TICK):
+            now = time.monotonic()
+            with self._lock:
+                workers = [w for w in self._workers if not w.abandoned]
+            for worker in workers:
+                current = worker.current
+                if current is None:
+                    continue
+                unique, opcode, started, interrupted = current
+                age = now - started
+                if interrupted and age > INTERRUPT_GRACE:
+                    self._abandon(worker, current, errno.EINTR)
+                    continue
+                limit = self.read_deadline if opcode == Op.READ else self.request_timeout
+                if limit and age > limit:
+                    self._timeouts += 1
+                    self._errors.error(
+                        ("timeout", opcode),
+                        "%s request stuck for %.0f s (source not answering): answered EIO",
+                        _name(opcode),
+                        age,
+                    )
+                    self._abandon(worker, current, errno.EIO)
+
+    def _abandon(self, worker: Worker, current: tuple, error: int) -> None:
+        with self._lock:
+            if worker.current is not current or worker.abandoned:
+                return  # it finished meanwhile
+            worker.abandoned = True
+            self._abandoned += 1
+            replace = self._abandoned <= MAX_ABANDONED and not self._closed
+        self._send(worker.fd, current[0], -error, ())
+        if replace:
+            self._spawn()
+
+    # -- notifications and backing files --------------------------------------------------------
+    def _notify(self, code: int, parts: list[Any]) -> int:
+        size = _OUT_SIZE + sum(len(p) for p in parts)
+        try:
+            os.writev(self.fd, [_OUT.pack(size, code, 0), *parts])
+        except OSError as e:
+            return -(e.errno or errno.EIO)
+        return 0
+
+    def inval_entry(self, parent: int, name: bytes) -> int:
+        """Drop the kernel's cached name *name* in directory *parent* (0 or -errno; ENOENT: not cached)."""
+        head = abi.NOTIFY_INVAL_ENTRY_OUT.pack(parent, len(name), 0)
+        return self._notify(abi.Notify.INVAL_ENTRY, [head, name, b"\0"])
+
+    def inval_inode(self, nodeid: int, offset: int = 0, length: int = -1) -> int:
+        """Drop cached attributes (and pages in [offset, offset+length), -1: to the end) of *nodeid*.
+
+        A negative *offset* drops the attributes only."""
+        return self._notify(abi.Notify.INVAL_INODE, [abi.NOTIFY_INVAL_INODE_OUT.pack(nodeid, offset, length)])
+
+    def store(self, nodeid: int, offset: int, data: Any) -> int:
+        """Put *data* into the kernel's page cache of *nodeid* at *offset* (0 or -errno)."""
+        head = abi.NOTIFY_STORE_OUT.pack(nodeid, offset, len(data), 0)
+        return self._notify(abi.Notify.STORE, [head, data])
+
+    def backing_open(self, fd: int) -> int:
+        """Register *fd* as a passthrough backing file; returns its id (raises OSError)."""
+        arg = bytearray(abi.BACKING_MAP.pack(fd, 0, 0))
+        return fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_OPEN, arg, True)
+
+    def backing_close(self, backing_id: int) -> None:
+        try:
+            fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_CLOSE, struct.pack("I", backing_id))
+        except OSError as e:
+            if e.errno not in (errno.ENODEV, errno.ENOENT):
+                self._errors.error("backing_close", "closing backing file %d failed: %s", backing_id, e.strerror)
+
+    # -- state ----------------------------------------------------------------------------------
+    def counters(self) -> dict[str, Any]:
+        """Requests per opcode name, watchdog timeouts, interrupts, abandoned workers."""
+        with self._lock:
+            workers = list(self._workers)
+            abandoned = self._abandoned
+        requests: dict[str, int] = {}
+        for worker in workers:
+            for opcode, n in list(worker.counts.items()):
+                key = _name(opcode).lower()
+                requests[key] = requests.get(key, 0) + n
+        return {
+            "requests": requests,
+            "timeouts": self._timeouts,
+            "interrupts": self._interrupts,
+            "abandoned_workers": abandoned,
+            "workers": len(workers),
+        }
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every worker has ended (the connection is gone); True if it has."""
+        return self._stopped.wait(timeout)
+
+    @property
+    def running(self) -> bool:
+        return not self._stopped.is_set()
+
+    @staticmethod
+    def abort(st_dev: int) -> bool:
+        """Abort the connection of the mount whose device number is *st_dev* (its mount turns dead:
+        every request fails with ENOTCONN until it is unmounted); True if the kernel took it."""
+        name = os.minor(st_dev) if os.major(st_dev) == 0 else st_dev
+        try:
+            with open(f"/sys/fs/fuse/connections/{name}/abort", "w") as f:
+                f.write("1")
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Stop the notifier and close the session descriptor (after the workers ended)."""
+        with self._lock:
+            self._closed = True
+        if self.notifier is not None:
+            self.notifier.stop()
+        self._stopped.set()
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _name(opcode: int) -> str:
+    try:
+        return Op(opcode).name
+    except ValueError:
+        return f"OP{opcode}"

@@ -1,0 +1,194 @@
+"""The node table: one kernel inode per source *version*, not per path.
+
+A FUSE server names every inode the kernel knows by a 64-bit node id. fastfs gives each version of
+a source object its own id: a lookup of a name whose source file was replaced or rewritten returns
+a new id, while the kernel's older inode (held by open files and mappings) keeps its old id, its
+own page cache, size and bytes, exactly as a local filesystem keeps an unlinked file alive for its
+open descriptors. This is what lets the kernel keep its page cache across opens (``keep_cache``)
+without ever showing one version's pages to a reader of another.
+
+Versions: a regular file or symlink is identified by :func:`version_of` = (device, inode, size,
+mtime, ctime), the engine's file key; a directory by (device, inode) only, so adding a file to a
+directory does not give the directory (and every cached name below it) a new inode.
+
+Lookup counts follow the protocol: every reply that hands the kernel a node id (LOOKUP, each
+READDIRPLUS entry) adds one to that node's ``nlookup``; FORGET subtracts. A node whose count drops
+to zero is dropped from the table; ids are never reused (a counter, so a late request naming a
+forgotten id finds nothing instead of another file).
+
+``current`` maps each path to the node of the newest version looked up there; older nodes of the
+same path stay reachable by id until the kernel forgets them.
+
+Concurrency: ``_lock`` guards ``_by_id``, ``_current``, ``_next_id`` and every node's ``nlookup``;
+``Node.opens``/``route``/``backing``/``seen`` are guarded by ``_lock`` too (see :meth:`NodeTable.acquire`).
+Reads of ``_by_id`` by id (:meth:`get`) take no lock: a dict lookup is atomic in CPython and a
+node's identity fields are immutable.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+
+from fastfs.fsio.source import stat_key
+
+ROOT_ID = 1
+# Ids below this are reserved for the daemon's virtual nodes (its control directory).
+FIRST_ID = 16
+
+
+def version_of(st: os.stat_result) -> tuple:
+    """Identity of one version of a source object (directories: device and inode only)."""
+    if stat.S_ISDIR(st.st_mode):
+        return (st.st_dev, st.st_ino)
+    return stat_key(st)
+
+
+def join(parent_path: str, name: str) -> str:
+    return ("" if parent_path == "/" else parent_path) + "/" + name
+
+
+class Node:
+    """One version of one source object as the kernel knows it."""
+
+    __slots__ = ("nodeid", "parent", "name", "path", "version", "st", "nlookup", "opens", "route", "backing", "seen")
+    # ``version`` and ``st`` change only through NodeTable.rebind, before the node's first open.
+
+    def __init__(self, nodeid: int, parent: int, name: str, path: str, st: os.stat_result) -> None:
+        self.nodeid = nodeid
+        self.parent = parent  # node id of the directory it was first looked up in
+        self.name = name
+        self.path = path
+        self.version = version_of(st)
+        self.st = st  # attributes of this version (what an open file of it reports)
+        self.nlookup = 0
+        self.opens = 0  # open handles (the kernel forbids mixing routes while any is open)
+        self.route = ""  # route of the open handles ("served" or "passthrough"), "" when none
+        self.backing = 0  # passthrough backing id shared by the open handles (0: none)
+        self.seen = False  # opened before: the kernel may hold pages of this version
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.st.st_mode)
+
+    def matches(self, st: os.stat_result) -> bool:
+        return version_of(st) == self.version
+
+
+class NodeTable:
+    """Node ids of the versions the kernel currently knows (see the module docstring)."""
+
+    def __init__(self, root_st: os.stat_result) -> None:
+        self._lock = threading.Lock()
+        root = Node(ROOT_ID, ROOT_ID, "", "/", root_st)
+        root.nlookup = 1  # the kernel never forgets the root
+        self.root = root
+        self._by_id: dict[int, Node] = {ROOT_ID: root}
+        self._current: dict[str, Node] = {"/": root}
+        self._next_id = FIRST_ID
+
+    def get(self, nodeid: int) -> Node | None:
+        return self._by_id.get(nodeid)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def lookup(self, parent: Node, name: str, st: os.stat_result) -> Node:
+        """The node for *name* in *parent* at the version *st* describes, its count raised by one.
+
+        Same path and version as the current node: that node; otherwise a new node becomes the
+        path's current one (the previous stays until forgotten)."""
+        path = join(parent.path, name)
+        version = version_of(st)
+        with self._lock:
+            node = self._current.get(path)
+            if node is None or node.version != version or node.nodeid not in self._by_id:
+                node = Node(self._next_id, parent.nodeid, name, path, st)
+                self._next_id += 1
+                self._by_id[node.nodeid] = node
+                self._current[path] = node
+            elif node.is_dir:
+                node.st = st  # a directory's node outlives changes of its listing: keep its attributes fresh
+            node.nlookup += 1
+            return node
+
+    def forget(self, nodeid: int, count: int) -> None:
+        """The kernel dropped *count* references to *nodeid*."""
+        if nodeid == ROOT_ID:
+            return
+        with self._lock:
+            node = self._by_id.get(nodeid)
+            if node is None:
+                return
+            node.nlookup -= count
+            if node.nlookup <= 0:
+                del self._by_id[nodeid]
+                if self._current.get(node.path) is node:
+                    del self._current[node.path]
+
+    def current(self, path: str) -> Node | None:
+        """The node of the newest version looked up at *path* (None if the kernel holds none)."""
+        return self._current.get(path)
+
+    def refresh(self, node: Node, st: os.stat_result) -> None:
+        """Newer attributes of the same version (a directory's times, a file's atime)."""
+        with self._lock:
+            node.st = st
+
+    def rebind(self, node: Node, st: os.stat_result) -> bool:
+        """Make a node that was never opened stand for the version *st* describes (the source
+        changed between the kernel's lookup and its open: the open resolves to the version current
+        now, as a path walk a moment later would). False when the node was ever opened: the kernel
+        may hold pages or mappings of its version, so it must stay that version."""
+        with self._lock:
+            if node.seen or node.opens or node.nodeid == ROOT_ID or not stat.S_ISREG(st.st_mode):
+                return False
+            node.version, node.st = version_of(st), st
+            if self._by_id.get(node.nodeid) is node:
+                self._current[node.path] = node
+            return True
+
+    def acquire(self, node: Node, route: str) -> tuple[str, int]:
+        """Count an open of *node* on *route*; returns (route, backing id) its open handles share.
+
+        The first open of a node picks the route; while handles are open, an open on the other
+        route is not counted and gets the held route back (the caller reopens on it)."""
+        with self._lock:
+            if node.opens and node.route != route:
+                return node.route, node.backing
+            if node.opens == 0:
+                node.route, node.backing = route, 0
+            node.opens += 1
+            node.seen = True
+            return node.route, node.backing
+
+    def attach_backing(self, node: Node, backing: int) -> int:
+        """Record the passthrough backing id of *node*'s open handles; returns the one to use (an
+        id attached meanwhile by a concurrent open wins: the caller closes its own)."""
+        with self._lock:
+            if not node.backing:
+                node.backing = backing
+            return node.backing
+
+    def released(self, node: Node) -> int:
+        """Count a release of *node*; returns the backing id to close when it was the last handle (else 0)."""
+        with self._lock:
+            node.opens -= 1
+            if node.opens > 0:
+                return 0
+            backing, node.backing, node.route = node.backing, 0, ""
+            return backing
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the table is inconsistent (tests and debug mounts)."""
+        with self._lock:
+            assert self._by_id.get(ROOT_ID) is self.root
+            for nodeid, node in self._by_id.items():
+                assert node.nodeid == nodeid
+                assert nodeid == ROOT_ID or FIRST_ID <= nodeid < self._next_id
+                assert node.nlookup > 0, f"node {nodeid} kept without references"
+                assert node.opens >= 0
+                assert (node.opens == 0) == (node.route == "") and (node.backing == 0 or node.route == "passthrough")
+            for path, node in self._current.items():
+                assert node.path == path and self._by_id.get(node.nodeid) is node

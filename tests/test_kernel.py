@@ -1,0 +1,248 @@
+"""Protocol layer without a mount: message layouts, INIT negotiation, the node table."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from kernelclient import KERNEL_FLAGS, init_body
+
+from fastfs.daemon.kernel import abi
+from fastfs.daemon.kernel.abi import Init
+from fastfs.daemon.kernel.negotiate import BASE_FLAGS, NegotiationError, Offer, Wishes, negotiate
+from fastfs.fsio.nodes import FIRST_ID, ROOT_ID, NodeTable, version_of
+
+
+# -- layouts ----------------------------------------------------------------------------------------
+def test_struct_sizes_match_the_c_header() -> None:
+    sizes = {
+        abi.IN_HEADER: 40,
+        abi.OUT_HEADER: 16,
+        abi.ATTR: 88,
+        abi.ENTRY_OUT: 128,
+        abi.ATTR_OUT: 104,
+        abi.INIT_IN: 64,
+        abi.INIT_OUT: 64,
+        abi.OPEN_OUT: 16,
+        abi.READ_IN: 40,
+        abi.RELEASE_IN: 24,
+        abi.STATFS_OUT: 80,
+        abi.DIRENT: 24,
+        abi.BACKING_MAP: 16,
+        abi.NOTIFY_INVAL_INODE_OUT: 24,
+        abi.NOTIFY_INVAL_ENTRY_OUT: 16,
+        abi.NOTIFY_STORE_OUT: 24,
+    }
+    for layout, size in sizes.items():
+        assert layout.size == size, layout.format
+
+
+def test_ioctl_numbers_and_alignment() -> None:
+    assert abi.DEV_IOC_CLONE == 0x8004E500
+    assert abi.DEV_IOC_BACKING_OPEN == 0x4010E501
+    assert abi.DEV_IOC_BACKING_CLOSE == 0x4004E502
+    assert [abi.rec_align(n) for n in (0, 1, 7, 8, 9, 24, 25)] == [0, 8, 8, 8, 16, 24, 32]
+    assert abi.split_flags(int(Init.PASSTHROUGH | Init.ASYNC_READ)) == (1, 1 << 5)
+    assert abi.flag_names(int(Init.ASYNC_READ | Init.PASSTHROUGH)) == ["ASYNC_READ", "PASSTHROUGH"]
+
+
+def test_request_header_round_trip() -> None:
+    raw = abi.IN_HEADER.pack(48, abi.Op.LOOKUP, 10, 1, 1000, 100, 4242, 0, 0) + b"name\0\0\0\0"
+    assert abi.IN_HEADER.unpack_from(raw) == (48, 1, 10, 1, 1000, 100, 4242, 0, 0)
+
+
+# -- negotiation ------------------------------------------------------------------------------------
+def _reply_flags(n) -> int:
+    fields = struct.unpack("<IIIIHHIIHHIIH22x", n.reply())
+    return fields[3] | fields[10] << 32
+
+
+def test_a_current_kernel_gets_every_feature_fastfs_uses() -> None:
+    n = negotiate(Offer.parse(init_body()), Wishes(passthrough=True))
+    assert (n.major, n.minor) == (7, 45)
+    assert _reply_flags(n) == int(BASE_FLAGS | Init.DO_READDIRPLUS | Init.READDIRPLUS_AUTO | Init.PASSTHROUGH)
+    assert n.passthrough and n.max_stack_depth == 1
+    assert n.max_read == 1 << 20 and n.offers(Init.NO_OPENDIR_SUPPORT)
+
+
+@pytest.mark.parametrize(
+    ("wishes", "absent"),
+    [
+        (Wishes(passthrough=False), Init.PASSTHROUGH),
+        (Wishes(readdirplus=False), Init.DO_READDIRPLUS | Init.READDIRPLUS_AUTO),
+        (Wishes(parallel_dirops=False), Init.PARALLEL_DIROPS),
+    ],
+)
+def test_wishes_turn_features_off(wishes: Wishes, absent: int) -> None:
+    n = negotiate(Offer.parse(init_body()), wishes)
+    assert not _reply_flags(n) & absent
+    assert n.max_stack_depth == (1 if wishes.passthrough else 0)
+
+
+def test_an_older_kernel_gets_what_it_offers() -> None:
+    offered = int(Init.ASYNC_READ | Init.MAX_PAGES | Init.DO_READDIRPLUS | Init.PARALLEL_DIROPS)
+    body = abi.INIT_IN_COMPAT.pack(7, 31, 131072, offered)  # 7.31 (Linux 5.10): no flags2
+    n = negotiate(Offer.parse(body), Wishes(passthrough=True))
+    assert n.minor == 31
+    assert _reply_flags(n) == offered
+    assert not n.passthrough and n.max_stack_depth == 0
+
+
+def test_without_max_pages_requests_stay_at_128k() -> None:
+    n = negotiate(Offer.parse(init_body(flags=int(Init.ASYNC_READ))), Wishes())
+    assert n.max_read == 128 * 1024
+    assert struct.unpack_from("<IIIIHHIIH", n.reply())[8] == 0
+
+
+@pytest.mark.parametrize(("major", "minor"), [(6, 99), (7, 30), (7, 12)])
+def test_too_old_protocols_are_refused(major: int, minor: int) -> None:
+    with pytest.raises(NegotiationError, match="too old"):
+        negotiate(Offer.parse(init_body(major, minor)), Wishes())
+
+
+def test_a_newer_major_is_answered_with_ours() -> None:
+    assert negotiate(Offer.parse(init_body(8, 0)), Wishes()).major == 7
+
+
+def test_truncated_init_is_refused() -> None:
+    with pytest.raises(NegotiationError):
+        Offer.parse(b"\0" * 8)
+
+
+@settings(max_examples=300)
+@given(offered=st.integers(min_value=0, max_value=(1 << 64) - 1), passthrough=st.booleans(), plus=st.booleans())
+def test_reply_never_takes_what_was_not_offered(offered: int, passthrough: bool, plus: bool) -> None:
+    n = negotiate(Offer.parse(init_body(flags=offered)), Wishes(passthrough=passthrough, readdirplus=plus))
+    taken = _reply_flags(n)
+    effective_offer = offered if offered & Init.INIT_EXT else offered & 0xFFFFFFFF
+    assert taken & ~effective_offer == 0
+    assert taken & ~int(BASE_FLAGS | Init.DO_READDIRPLUS | Init.READDIRPLUS_AUTO | Init.PASSTHROUGH) == 0
+    assert bool(taken & Init.PASSTHROUGH) == (n.max_stack_depth == 1)
+    assert KERNEL_FLAGS & taken == taken
+
+
+# -- the node table ---------------------------------------------------------------------------------
+def _stat(tmp_path, name: str, data: bytes = b"x") -> os.stat_result:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return os.lstat(path)
+
+
+def test_versions_get_their_own_nodes(tmp_path) -> None:
+    table = NodeTable(os.lstat(tmp_path))
+    st1 = _stat(tmp_path, "f", b"one")
+    a = table.lookup(table.root, "f", st1)
+    assert a.nodeid >= FIRST_ID and a.path == "/f" and a.nlookup == 1
+    assert table.lookup(table.root, "f", st1) is a and a.nlookup == 2
+    (tmp_path / "g").write_bytes(b"other version")
+    os.replace(tmp_path / "g", tmp_path / "f")
+    st2 = os.lstat(tmp_path / "f")
+    b = table.lookup(table.root, "f", st2)
+    assert b.nodeid > a.nodeid and table.current("/f") is b
+    assert table.get(a.nodeid) is a  # the old version stays until the kernel forgets it
+    table.forget(a.nodeid, 2)
+    assert table.get(a.nodeid) is None and table.current("/f") is b
+    table.forget(ROOT_ID, 5)
+    assert table.get(ROOT_ID) is table.root
+    table.check_invariants()
+
+
+def test_directories_keep_their_node_when_their_listing_changes(tmp_path) -> None:
+    (tmp_path / "d").mkdir()
+    table = NodeTable(os.lstat(tmp_path))
+    d1 = table.lookup(table.root, "d", os.lstat(tmp_path / "d"))
+    (tmp_path / "d" / "new").write_bytes(b"")
+    st = os.lstat(tmp_path / "d")
+    assert version_of(st) == d1.version
+    assert table.lookup(table.root, "d", st) is d1 and d1.st.st_mtime_ns == st.st_mtime_ns
+
+
+def test_routes_are_shared_by_open_handles(tmp_path) -> None:
+    table = NodeTable(os.lstat(tmp_path))
+    node = table.lookup(table.root, "f", _stat(tmp_path, "f"))
+    assert table.acquire(node, "passthrough") == ("passthrough", 0)
+    assert table.attach_backing(node, 7) == 7
+    assert table.attach_backing(node, 8) == 7  # a concurrent open's id loses
+    assert table.acquire(node, "served") == ("passthrough", 7)  # not counted: reopen on the held route
+    assert table.acquire(node, "passthrough") == ("passthrough", 7)
+    assert table.released(node) == 0
+    assert table.released(node) == 7  # the last release closes the backing file
+    assert table.acquire(node, "served") == ("served", 0)
+    assert table.released(node) == 0
+    table.check_invariants()
+
+
+class NodeMachine(RuleBasedStateMachine):
+    """Random lookups, replacements, forgets, opens and releases against a model of the counts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="fastfs-nodes-")
+        self.table = NodeTable(os.lstat(self.dir))
+        self.lookups: dict[int, int] = {}  # node id -> lookups the kernel holds
+        self.opens: dict[int, int] = {}
+        self.version = 0
+
+    @rule(name=st.sampled_from(["a", "b", "c"]), replace=st.booleans())
+    def lookup(self, name: str, replace: bool) -> None:
+        path = os.path.join(self.dir, name)
+        if replace or not os.path.exists(path):
+            self.version += 1
+            with open(path + ".tmp", "wb") as f:
+                f.write(b"v%d" % self.version)
+            os.replace(path + ".tmp", path)
+        node = self.table.lookup(self.table.root, name, os.lstat(path))
+        self.lookups[node.nodeid] = self.lookups.get(node.nodeid, 0) + 1
+        assert node.nlookup == self.lookups[node.nodeid]
+
+    @precondition(lambda self: self.lookups)
+    @rule(data=st.data())
+    def forget(self, data) -> None:
+        nodeid = data.draw(st.sampled_from(sorted(self.lookups)))
+        count = data.draw(st.integers(min_value=1, max_value=self.lookups[nodeid]))
+        if self.opens.get(nodeid):
+            return  # the kernel never forgets an inode with open files
+        self.table.forget(nodeid, count)
+        self.lookups[nodeid] -= count
+        if not self.lookups[nodeid]:
+            del self.lookups[nodeid]
+            assert self.table.get(nodeid) is None
+
+    @precondition(lambda self: self.lookups)
+    @rule(data=st.data(), route=st.sampled_from(["served", "passthrough"]))
+    def open(self, data, route: str) -> None:
+        node = self.table.get(data.draw(st.sampled_from(sorted(self.lookups))))
+        got, _ = self.table.acquire(node, route)
+        if got == route:
+            self.opens[node.nodeid] = self.opens.get(node.nodeid, 0) + 1
+            if route == "passthrough":
+                self.table.attach_backing(node, 100 + node.nodeid)
+
+    @precondition(lambda self: any(self.opens.values()))
+    @rule(data=st.data())
+    def release(self, data) -> None:
+        nodeid = data.draw(st.sampled_from(sorted(k for k, v in self.opens.items() if v)))
+        node = self.table.get(nodeid)
+        backing = self.table.released(node)
+        self.opens[nodeid] -= 1
+        assert (backing != 0) == (self.opens[nodeid] == 0 and backing == 100 + nodeid)
+
+    @invariant()
+    def consistent(self) -> None:
+        self.table.check_invariants()
+        assert len(self.table) == len(self.lookups) + 1  # plus the root
+
+    def teardown(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TestNodeMachine = NodeMachine.TestCase
+TestNodeMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

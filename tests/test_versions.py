@@ -1,0 +1,321 @@
+"""One inode per source version, and the passthrough route, on real mounts.
+
+Each version of a test file carries its version number in every 4 KiB page, so any byte range
+tells which version it came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import SERVED, is_mounted, mounted, wait_for
+
+PAGE = 4096
+ROUTES = pytest.mark.parametrize("route", ["passthrough", "served"])
+
+
+def route_option(route: str) -> str:
+    return "fuse.passthrough=on" if route == "passthrough" else SERVED
+
+
+def version_bytes(version: int, size: int) -> bytes:
+    page = (b"v%08d|" % version) * (PAGE // 10) + b"\n" * (PAGE % 10)
+    return (page * (size // PAGE + 1))[:size]
+
+
+def versions_in(data: bytes) -> set[int]:
+    return {int(data[i + 1 : i + 9]) for i in range(0, len(data) - 9, PAGE)}
+
+
+def replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def run_py(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def kernel_reads(m) -> int:
+    return m.stats().get("kernel", {}).get("requests", {}).get("read", 0)
+
+
+# (a) a v1 handle and a v2 private mapping in another process each see only their own version
+@ROUTES
+def test_old_handle_and_new_private_mapping_see_their_own_versions(src: Path, mnt: Path, route: str) -> None:
+    size = 4 << 20
+    (src / "f.bin").write_bytes(version_bytes(1, size))
+    with mounted(src, mnt, options=[route_option(route)]):
+        with open(mnt / "f.bin", "rb") as old:
+            assert versions_in(old.read(size)) == {1}
+            replace(src / "f.bin", version_bytes(2, size))
+            code = (
+                "import mmap,sys\n"
+                "f=open(sys.argv[1],'rb')\n"
+                "m=mmap.mmap(f.fileno(),0,flags=mmap.MAP_PRIVATE,prot=mmap.PROT_READ)\n"
+                "sys.stdout.write(m[:].decode('latin1')[1:9]+' '+str(len(m)))\n"
+            )
+            r = run_py(code, str(mnt / "f.bin"))
+            assert r.returncode == 0, r.stderr
+            assert r.stdout == f"00000002 {size}"
+            old.seek(0)
+            again = old.read(size)
+            assert versions_in(again) == {1}
+            mapped = mmap.mmap(old.fileno(), 0, prot=mmap.PROT_READ)
+            assert versions_in(mapped[:]) == {1}
+            mapped.close()
+        with open(mnt / "f.bin", "rb") as new:
+            assert versions_in(new.read()) == {2}
+
+
+# (b) a mapping of an 8 MiB version survives a 1 MiB file renamed over it: size and bytes, no SIGBUS
+@ROUTES
+def test_mapping_keeps_its_version_after_a_smaller_file_replaces_it(src: Path, mnt: Path, route: str) -> None:
+    (src / "f.bin").write_bytes(version_bytes(1, 8 << 20))
+    with mounted(src, mnt, options=[route_option(route)]), open(mnt / "f.bin", "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        assert versions_in(m[: 1 << 20]) == {1}  # part of it touched before the change
+        replace(src / "f.bin", version_bytes(2, 1 << 20))
+        r = run_py("import sys;print(len(open(sys.argv[1],'rb').read()))", str(mnt / "f.bin"))
+        assert r.stdout.strip() == str(1 << 20)
+        assert os.fstat(f.fileno()).st_size == 8 << 20
+        assert versions_in(m[:]) == {1}  # the pages past 1 MiB are read now: still version 1
+        m.close()
+
+
+# (c) np.load(mmap_mode='r') of a new version while the old one is open
+@ROUTES
+def test_np_load_mmap_of_a_new_version_while_the_old_is_open(src: Path, mnt: Path, route: str) -> None:
+    a = np.arange(1 << 20, dtype=np.int64)
+    np.save(src / "a.npy", a)
+    with mounted(src, mnt, options=[route_option(route)]), open(mnt / "a.npy", "rb") as old:
+        old.read(4096)
+        b = a * 3
+        tmp = src / "b.npy"
+        np.save(tmp, b)
+        os.replace(tmp, src / "a.npy")
+        loaded = np.load(mnt / "a.npy", mmap_mode="r")
+        assert np.array_equal(loaded, b)
+        del loaded
+        old.seek(0)
+        assert np.array_equal(np.load(old), a)
+
+
+# (d) a file replaced after a stat is read whole by the next open
+@ROUTES
+def test_replace_after_stat_is_read_whole_next_open(src: Path, mnt: Path, route: str) -> None:
+    (src / "f.bin").write_bytes(version_bytes(1, 100_000))
+    with mounted(src, mnt, options=[route_option(route)]):
+        assert (mnt / "f.bin").stat().st_size == 100_000
+        assert (mnt / "f.bin").read_bytes() == version_bytes(1, 100_000)
+        replace(src / "f.bin", version_bytes(2, 300_000))
+        for _ in range(2):
+            assert (mnt / "f.bin").read_bytes() == version_bytes(2, 300_000)
+        assert (mnt / "f.bin").stat().st_size == 300_000
+
+
+STRESS_READER = r"""
+import mmap, os, sys, time
+path, mode, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+PAGE = 4096
+bad = opens = 0
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        continue
+    try:
+        size = os.fstat(fd).st_size
+        if mode == "read":
+            data = b"".join(iter(lambda: os.read(fd, 1 << 16), b""))
+        elif mode == "pread":
+            data = b"".join(os.pread(fd, PAGE, off) for off in range(0, size, PAGE))
+        else:
+            flags = mmap.MAP_SHARED if mode == "shared" else mmap.MAP_PRIVATE
+            m = mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
+            data = m[:]
+            m.close()
+    finally:
+        os.close(fd)
+    opens += 1
+    if len(data) != size or len({data[i + 1 : i + 9] for i in range(0, len(data) - 9, PAGE)}) != 1:
+        bad += 1
+print(opens, bad)
+"""
+
+
+# (e) four processes read, pread, map shared and private while new versions are renamed in every 30 ms
+@ROUTES
+def test_stress_every_read_sees_one_version(src: Path, mnt: Path, route: str) -> None:
+    path = src / "f.bin"
+    replace(path, version_bytes(0, 512 * 1024))
+    seconds = 6.0
+    with mounted(src, mnt, options=[route_option(route)]):
+        readers = [
+            subprocess.Popen(
+                [sys.executable, "-c", STRESS_READER, str(mnt / "f.bin"), mode, str(seconds)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for mode in ("read", "pread", "shared", "private")
+        ]
+        version = 0
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            version += 1
+            replace(path, version_bytes(version, (256 + (version % 5) * 64) * 1024))
+            time.sleep(0.03)
+        results = [r.communicate(timeout=60)[0].split() for r in readers]
+    assert version > 50
+    for opens, bad in results:
+        assert int(opens) > 10 and int(bad) == 0, results
+
+
+# -- passthrough ------------------------------------------------------------------------------------
+def test_passthrough_reads_and_maps_without_a_read_request(src: Path, mnt: Path) -> None:
+    data = os.urandom(6 << 20)
+    (src / "f.bin").write_bytes(data)
+    np.save(src / "a.npy", np.arange(1 << 18, dtype=np.float64))
+    with mounted(src, mnt, options=["fuse.passthrough=on"]) as m:
+        assert "PASSTHROUGH" in m.stats()["kernel"]["flags"]
+        before = kernel_reads(m)  # the fixture's liveness check read the stats file
+        assert (mnt / "f.bin").read_bytes() == data
+        with open(mnt / "f.bin", "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+            assert mm[:] == data
+        assert np.array_equal(np.load(mnt / "a.npy", mmap_mode="r"), np.arange(1 << 18, dtype=np.float64))
+        assert kernel_reads(m) == before
+        counters = m.stats()["counters"]
+        assert counters["opens_passthrough"] >= 3 and counters["opens"] == 0
+
+
+def test_passthrough_off_serves_reads(src: Path, mnt: Path) -> None:
+    data = os.urandom(1 << 20)
+    (src / "f.bin").write_bytes(data)
+    with mounted(src, mnt, options=["fuse.passthrough=off"]) as m:
+        assert "PASSTHROUGH" not in m.stats()["kernel"]["flags"]
+        before = kernel_reads(m)
+        assert (mnt / "f.bin").read_bytes() == data
+        assert kernel_reads(m) > before
+        assert m.stats()["counters"]["opens_passthrough"] == 0
+
+
+def test_auto_passes_local_sources_through(src: Path, mnt: Path) -> None:
+    (src / "f.bin").write_bytes(b"x" * 100_000)
+    with mounted(src, mnt) as m:  # tmp is a local filesystem
+        before = kernel_reads(m)
+        assert (mnt / "f.bin").read_bytes() == b"x" * 100_000
+        assert m.stats()["counters"]["opens_passthrough"] == 1
+        assert kernel_reads(m) == before
+
+
+# -- a mount by a user who is not root: fusermount3, no passthrough, served ---------------------------
+# The interpreter lives under /root (0700): everything is imported as root, then the ids are dropped.
+DAEMON_AS = """
+import importlib, json, logging.handlers, os, pkgutil, select, signal, socket, subprocess, sys
+import fastfs.config, fastfs.daemon, fastfs.fsio
+for package in (fastfs.config, fastfs.daemon, fastfs.fsio):
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        importlib.import_module(info.name)
+os.setgroups([])
+os.setresgid({gid}, {gid}, {gid})
+os.setresuid({uid}, {uid}, {uid})
+from fastfs.daemon.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+PROBE_AS = """
+import hashlib, os, sys
+os.setgroups([])
+os.setresgid({gid}, {gid}, {gid})
+os.setresuid({uid}, {uid}, {uid})
+with open({mnt!r} + "/f.bin", "rb") as f:
+    print(hashlib.sha256(f.read()).hexdigest())
+print(os.getxattr({mnt!r}, "user.fastfs.stats").decode())
+"""
+
+
+def _unprivileged() -> tuple[int, int]:
+    try:
+        pw = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no 'nobody' user")
+    return pw.pw_uid, pw.pw_gid
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("fusermount3") is None, reason="needs root and fusermount3")
+def test_unprivileged_mount_through_fusermount_serves_reads() -> None:
+    uid, gid = _unprivileged()
+    device_mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
+    base = Path(tempfile.mkdtemp(prefix="fastfs-user-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        src, mnt, state = base / "src", base / "mnt", base / "state"
+        for d in (src, mnt, state):
+            d.mkdir()
+            os.chown(d, uid, gid)
+        data = os.urandom(3 << 20)
+        (src / "f.bin").write_bytes(data)
+        os.chown(src / "f.bin", uid, gid)
+
+        env = {**os.environ, "STATE_DIRECTORY": str(state), "HOME": str(base)}
+        code = DAEMON_AS.format(uid=uid, gid=gid)
+        if device_mode & 0o006 != 0o006:
+            # a user without access to /dev/fuse is told why, in one line
+            r = subprocess.run(
+                [sys.executable, "-c", code, "mount", str(src), str(mnt), "--foreground"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd="/",
+            )
+            assert r.returncode == 1 and "failed to open /dev/fuse: Permission denied" in r.stderr, r.stderr
+            assert not is_mounted(mnt)
+            os.chmod("/dev/fuse", 0o666)  # what udev sets on a usual machine; restored below
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, "mount", str(src), str(mnt), "--foreground"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd="/",
+        )
+        try:
+            assert wait_for(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30)
+            assert proc.poll() is None, proc.stdout.read()
+            probe = PROBE_AS.format(uid=uid, gid=gid, mnt=str(mnt))
+            r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd="/")
+            assert r.returncode == 0, r.stderr
+            digest, stats_text = r.stdout.split("\n", 1)
+            assert digest == hashlib.sha256(data).hexdigest()
+            snap = json.loads(stats_text)
+            assert "PASSTHROUGH" not in snap["kernel"]["flags"]
+            assert snap["kernel"]["requests"]["read"] > 0 and snap["counters"]["opens"] == 1
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            if is_mounted(mnt):
+                subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        assert proc.returncode == 0
+        assert not is_mounted(mnt)
+    finally:
+        os.chmod("/dev/fuse", device_mode)
+        shutil.rmtree(base, ignore_errors=True)
