@@ -40,6 +40,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchkit.cli import base_parser, extra_options, selected  # noqa: E402
+from benchkit.clients import processes_read  # noqa: E402
 from benchkit.datasets import Dataset  # noqa: E402
 from benchkit.measure import Cell, Fastfs, Native, measure, preimport  # noqa: E402
 from benchkit.readers import (
@@ -50,7 +51,6 @@ from benchkit.readers import (
     parallel_files,
     parallel_preads,
     parallel_read,
-    processes_read,
     random_offsets,
     random_preads,
     read_files,

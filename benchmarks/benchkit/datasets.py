@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import datagen
 from .report import log
 from .units import GIB, KIB, MIB, SEED
 
@@ -79,7 +80,7 @@ class Dataset:
 
     def _make(self, name: str, spec: dict[str, Any], build: Callable[[str], None]) -> str:
         path = self.path(name)
-        if self.mirror_of is not None and not self._ready(name, spec):
+        if self.mirror_of is not None and spec["kind"] in _MAKERS and not self._ready(name, spec):
             origin = getattr(self.mirror_of, _MAKERS[spec["kind"]])(name)
 
             def build(p: str, origin: str = origin) -> None:
@@ -108,9 +109,9 @@ class Dataset:
         n = self.big_bytes if nbytes is None else nbytes
         return self._make(name, {"kind": "raw", "bytes": n}, lambda p: make_raw(p, n))
 
-    def small_dir(self, name: str = "small") -> str:
-        """A directory of small_count files of SMALL_SIZE bytes."""
-        n = self.small_count
+    def small_dir(self, name: str = "small", count: int | None = None) -> str:
+        """A directory of *count* (default small_count) files of SMALL_SIZE bytes."""
+        n = self.small_count if count is None else count
         return self._make(
             name, {"kind": "small", "count": n, "size": SMALL_SIZE}, lambda p: make_small_files(p, n, SMALL_SIZE)
         )
@@ -126,6 +127,48 @@ class Dataset:
     def safetensors(self, name: str = "model.safetensors") -> str:
         n = self.big_bytes
         return self._make(name, {"kind": "safetensors", "bytes": n}, lambda p: make_safetensors(p, n))
+
+    # data of the matrix workloads (generated in place, never mirrored)
+    def scaled(self, value: int, least: int) -> int:
+        """*value* x scale, at least *least*."""
+        return max(least, int(value * self.scale))
+
+    def large_files(self, name: str, count: int, nbytes: int) -> str:
+        """A directory of *count* files of *nbytes* random bytes (``part-N.bin``)."""
+        spec = {"kind": "large_files", "count": count, "bytes": nbytes}
+        return self._make(name, spec, lambda p: datagen.make_large_files(p, count, nbytes))
+
+    def sized_files(self, name: str, count: int, size: int) -> str:
+        """A directory of *count* files of *size* random bytes (``NNNNNN.bin``)."""
+        spec = {"kind": "sized_files", "count": count, "size": size}
+        return self._make(name, spec, lambda p: datagen.make_files(p, [size] * count, SEED + 20))
+
+    def tree(self, name: str, dirs: int, files_per_dir: int) -> str:
+        spec = {"kind": "tree", "dirs": dirs, "files": files_per_dir}
+        return self._make(name, spec, lambda p: datagen.make_tree(p, dirs, files_per_dir))
+
+    def sqlite(self, name: str, rows: int) -> str:
+        spec = {"kind": "sqlite", "rows": rows, "row_bytes": datagen.SQLITE_ROW_BYTES}
+        return self._make(name, spec, lambda p: datagen.make_sqlite(p, rows))
+
+    def git_repo(self, name: str, commits: int, blob_bytes: int) -> str:
+        spec = {"kind": "git", "commits": commits, "bytes": blob_bytes}
+        return self._make(name, spec, lambda p: datagen.make_git_repo(p, commits, blob_bytes))
+
+    def tar_shards(self, name: str, shards: int, shard_bytes: int) -> str:
+        spec = {"kind": "tar", "shards": shards, "bytes": shard_bytes}
+        return self._make(name, spec, lambda p: datagen.make_tar_shards(p, shards, shard_bytes))
+
+    def numpy_copy(self, name: str = "pylib") -> str:
+        import numpy
+
+        spec = {"kind": "numpy", "version": numpy.__version__, "origin": datagen.numpy_origin()}
+        return self._make(name, spec, datagen.make_numpy_copy)
+
+    def hf_safetensors(self, name: str = "hf-model.safetensors") -> str:
+        n = self.big_bytes
+        spec = {"kind": "hf_safetensors", "bytes": n, "hidden": datagen.HF_HIDDEN}
+        return self._make(name, spec, lambda p: datagen.make_hf_safetensors(p, n))
 
 
 # Dataset method that makes each kind of file (used to mirror a data set).

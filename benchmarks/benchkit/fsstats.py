@@ -28,3 +28,9 @@ def request_sizes(stats: dict[str, Any]) -> str:
 def budget(stats: dict[str, Any]) -> int | None:
     value = stats.get("gauges", {}).get("cache_budget")
     return int(value) if value else None
+
+
+def wasted_fetched(stats: dict[str, Any]) -> tuple[int, int]:
+    """(prefetched bytes evicted or invalidated before any reader used them, bytes fetched from the source)."""
+    wasted = int(stats.get("counters", {}).get("bytes_prefetch_wasted", 0))
+    return wasted, fetched_delivered(stats)[0]

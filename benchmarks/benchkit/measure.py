@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .fsstats import budget, fetched_delivered, request_sizes
+from .fsstats import budget, fetched_delivered, request_sizes, wasted_fetched
 from .mounts import FastfsMount, fastfs_mount
 from .report import human_bytes, log, median, timed
 from .system import drop_caches
@@ -78,6 +78,20 @@ class Cell:
             if delivered:
                 vals.append(fetched / delivered)
         return median(vals)
+
+    def waste_ratio(self) -> float | None:
+        """Median share of the fetched bytes that were prefetched and dropped unused."""
+        vals = []
+        for s in self.snaps:
+            wasted, fetched = wasted_fetched(s)
+            if fetched:
+                vals.append(wasted / fetched)
+        return median(vals)
+
+    def total(self) -> list[float]:
+        """Per-run time of all phases together (runs where every phase finished)."""
+        runs = min((len(t) for t in self.times), default=0)
+        return [sum(t[i] for t in self.times) for i in range(runs)]
 
     def storage(self) -> str:
         """Median storage requests and mean request size seen by the emulator per run."""

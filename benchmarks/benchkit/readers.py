@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -190,21 +188,33 @@ def file_bytes(paths: Iterable[str]) -> int:
     return total
 
 
-# A reader child for the multi-process workload: no heavy imports, one sequential pass.
-READER_CODE = (
-    "import sys\n"
-    "buf = bytearray(int(sys.argv[2])); view = memoryview(buf)\n"
-    "with open(sys.argv[1], 'rb', buffering=0) as f:\n"
-    "    while f.readinto(view):\n"
-    "        pass\n"
-)
-# Seconds allowed for one reader child.
-READER_TIMEOUT = 3600.0
+def random_readers(path: str, readers: int, count: int, size: int, seed: int = SEED) -> int:
+    """*readers* threads, each on its own descriptor, each doing *count* preads of *size* at random aligned offsets."""
+    total = os.path.getsize(path)
+
+    def one(k: int) -> int:
+        return random_preads(path, random_offsets(total, count, size, seed + k), size)
+
+    with ThreadPoolExecutor(readers) as ex:
+        return sum(ex.map(one, range(readers)))
 
 
-def processes_read(paths: Sequence[str], chunk: int = READ_CHUNK) -> None:
-    """One reader process per path, all started at once; returns when every one has finished."""
-    procs = [subprocess.Popen([sys.executable, "-c", READER_CODE, p, str(chunk)]) for p in paths]
-    failed = [p for p in procs if p.wait(timeout=READER_TIMEOUT) != 0]
-    if failed:
-        raise RuntimeError(f"{len(failed)} reader process(es) failed")
+def tree_walk(top: str) -> int:
+    """``os.walk`` in listing order, reading every file whole (a backup, rsync or indexing pass)."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames.sort()
+        total += read_files([os.path.join(dirpath, n) for n in sorted(filenames)])
+    return total
+
+
+def safetensors_model_order(path: str, keys: Sequence[str]) -> int:
+    """What transformers does: ``safe_open``, then ``get_tensor`` for each key in the model's order."""
+    from safetensors import safe_open
+
+    nbytes = 0
+    with safe_open(path, framework="pt") as f:
+        for key in keys:
+            t = f.get_tensor(key)
+            nbytes += t.numel() * t.element_size()
+    return nbytes

@@ -73,3 +73,15 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table (``|`` in cells escaped); first column left, others right-aligned."""
+
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    out = ["| " + " | ".join(cell(h) for h in headers) + " |"]
+    out.append("|" + "|".join([":---"] + ["---:"] * (len(headers) - 1)) + "|")
+    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
