@@ -119,9 +119,9 @@ def chosen_workloads(p: Any, args: Any) -> list[str]:
 
 
 def spread(times: list[float]) -> float | None:
-    """(max - min) / median of per-run times: the run-to-run spread."""
+    """(max - min) / median of per-run times: the run-to-run spread (None with fewer than two runs)."""
     med = median(times)
-    return (max(times) - min(times)) / med if times and med else None
+    return (max(times) - min(times)) / med if len(times) > 1 and med else None
 
 
 def cell_record(workload: str, bname: str, b: Behaviour, plan: Plan | None, d: Cell, f: Cell) -> dict[str, Any]:
@@ -192,6 +192,8 @@ LONG_HEADERS = [
     "storage fastfs",
     "errors / notes",
 ]
+# Text columns of the long table (left-aligned).
+LONG_LEFT = (0, 1, len(LONG_HEADERS) - 1)
 
 
 def matrix_table(records: list[dict[str, Any]], workloads: list[str], behaviours: list[str]) -> str:
@@ -275,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         recs = run_behaviour(bname, b, ds, plans, workloads, args)
         records += recs
         print(f"\n### emulator `{bname}`: {b.describe()}\n")
-        print(markdown_table(LONG_HEADERS, long_rows(recs)), flush=True)
+        print(markdown_table(LONG_HEADERS, long_rows(recs), LONG_LEFT), flush=True)
     names = [n for n, _ in behaviours]
     print(f"\n## direct / fastfs (above 1: fastfs faster), scale {args.scale:g}, medians of {args.runs} cold runs\n")
     print(matrix_table(records, workloads, names))
@@ -283,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, b in behaviours:
         print(f"- `{n}`: {b.describe()}")
     print("\n## every cell\n")
-    print(markdown_table(LONG_HEADERS, long_rows(records)))
+    print(markdown_table(LONG_HEADERS, long_rows(records), LONG_LEFT))
     print(
         "\nspread = (max - min) / median of fastfs's runs; fetched/deliv = bytes fastfs read from the source / "
         "bytes it delivered; waste = prefetched bytes dropped unused / fetched; storage = emulator requests x "

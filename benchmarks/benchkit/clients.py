@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.parse
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -171,6 +172,7 @@ def dataloader_epoch(paths: Sequence[str], workers: int = 4, batch_size: int = 1
     import torch
     from torch.utils.data import DataLoader
 
+    warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
     loader = DataLoader(
         FileSamples(paths),
         batch_size=batch_size,

@@ -75,13 +75,14 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub-flavoured markdown table (``|`` in cells escaped); first column left, others right-aligned."""
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: Iterable[int] = (0,)) -> str:
+    """A GitHub-flavoured markdown table (``|`` in cells escaped); columns *left* left-aligned, others right."""
+    left = set(left)
 
     def cell(v: Any) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 
     out = ["| " + " | ".join(cell(h) for h in headers) + " |"]
-    out.append("|" + "|".join([":---"] + ["---:"] * (len(headers) - 1)) + "|")
+    out.append("|" + "|".join(":---" if i in left else "---:" for i in range(len(headers))) + "|")
     out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return "\n".join(out)
