@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -47,8 +48,10 @@ from latency_fs import Behaviour, Emulator, emulated  # noqa: E402
 READ_SIZE = 4 * KIB
 # Size of the probed file: large enough that 2,000 distinct 4 KiB offsets are a sparse sample.
 FILE_BYTES = 256 * MIB
-# Clock ticks per second of /proc/PID/stat utime and stime.
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Pipe wake-ups timed per idle gap, and the gaps (s): none (busy) and the emulator's latency.
+WAKE_ROUNDS = 500
+# Shortest gap between pipe writes (s): enough for the reader to be back in read(), too short to idle deeply.
+WAKE_BUSY_GAP = 0.00005
 # Seconds strace is given to attach before the timed reads start.
 STRACE_ATTACH = 1.0
 
@@ -74,13 +77,12 @@ def timed_preads(path: str, offs: list[int]) -> list[float]:
 
 
 def proc_usage(pid: int) -> tuple[float, int]:
-    """(CPU seconds, context switches) summed over every thread of *pid*."""
+    """(CPU seconds, context switches) summed over every thread of *pid* (schedstat: ns, not ticks)."""
     cpu, switches = 0.0, 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            cpu += (int(fields[11]) + int(fields[12])) / CLK_TCK
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                cpu += int(f.read().split()[0]) / 1e9
             with open(f"/proc/{pid}/task/{tid}/status") as f:
                 for line in f:
                     if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
@@ -88,6 +90,38 @@ def proc_usage(pid: int) -> tuple[float, int]:
         except (OSError, IndexError, ValueError):
             continue  # a thread that ended meanwhile
     return cpu, switches
+
+
+WAKE_CODE = (
+    "import os, sys, time\n"
+    "r, w = int(sys.argv[1]), int(sys.argv[2])\n"
+    "out = []\n"
+    "while True:\n"
+    "    b = os.read(r, 8)\n"
+    "    if len(b) < 8: break\n"
+    "    out.append(time.perf_counter_ns() - int.from_bytes(b, 'little'))\n"
+    "out.sort()\n"
+    "os.write(w, str(out[len(out) // 2]).encode())\n"
+)
+
+
+def wakeup_latency(gap: float, rounds: int) -> float:
+    """Median ns from a write into a pipe to the reading process being awake, after *gap* s of idling."""
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    child = subprocess.Popen([sys.executable, "-c", WAKE_CODE, str(r1), str(w2)], pass_fds=(r1, w2))
+    os.close(r1)
+    os.close(w2)
+    try:
+        time.sleep(0.2)
+        for _ in range(rounds):
+            time.sleep(gap)
+            os.write(w1, time.perf_counter_ns().to_bytes(8, "little"))
+        os.close(w1)
+        return int(os.read(r2, 64)) / 1e9
+    finally:
+        os.close(r2)
+        child.wait(timeout=30)
 
 
 def usec(v: float | None) -> str:
@@ -119,7 +153,7 @@ class Probe:
         finally:
             if tracer is not None:
                 tracer.send_signal(signal.SIGINT)
-                out, _ = tracer.communicate(timeout=30)
+                _, out = tracer.communicate(timeout=30)
                 log(f"strace -c -f of the fastfs daemon during {label}:\n{out.decode(errors='replace')}")
         n = len(times)
         row = [
@@ -164,6 +198,31 @@ class Probe:
         log(f"{label}: median {row[1]} us")
 
 
+def engine_times(root: str, rel: str, offs: list[int], options: dict[str, object]) -> list[float]:
+    """Seconds of each ``Engine.read_into`` of READ_SIZE in-process (no FUSE, no kernel hop)."""
+    import tempfile
+
+    from fastfs.config.loader import load_config
+    from fastfs.fsio.engine import Engine
+
+    state = tempfile.mkdtemp(prefix="probe-state.")
+    config = load_config(overrides={"state.dir": state, "readahead.learn": False, **options}, use_default_path=False)
+    engine = Engine(root, config)
+    try:
+        fh = engine.open("/" + rel).fh
+        dest = memoryview(bytearray(READ_SIZE))
+        out = []
+        for off in offs:
+            t = time.perf_counter_ns()
+            engine.read_into(fh, off, dest)
+            out.append((time.perf_counter_ns() - t) / 1e9)
+        engine.release(fh)
+        return out
+    finally:
+        engine.close()
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def strace_daemon(pid: int) -> subprocess.Popen:
     proc = subprocess.Popen(
         ["strace", "-c", "-f", "-q", "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -204,6 +263,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.strace:
             with fastfs_mount(emu.mnt, fmnt, extra) as m:
                 probe.run("fastfs/emu under strace", m.mnt, m, emu, around=strace_daemon)
+    engine = []
+    for label, options in (("default", {}), ("inline (read_timeout=0)", {"readahead.read_timeout": 0})):
+        t = sorted(engine_times(ds.dir, rel, offs, options))
+        engine.append(f"{label} median {usec(t[len(t) // 2])} us, mean {usec(statistics.fmean(t))} us")
+    print("\nEngine.read_into in-process over tmpfs (no FUSE): " + "; ".join(engine))
+    wakes = [(gap, wakeup_latency(gap, WAKE_ROUNDS)) for gap in (WAKE_BUSY_GAP, 0.0005, behaviour.latency_ms / 1000)]
+    print(
+        f"\nprocess wake-up through a pipe (median of {WAKE_ROUNDS}): "
+        + ", ".join(f"{usec(v)} us after {g * 1000:g} ms idle" for g, v in wakes)
+    )
     print(
         f"\nrandom {READ_SIZE // KIB} KiB preads, {args.count} distinct offsets in {FILE_BYTES // MIB} MiB; "
         f"emulator: {behaviour.describe()}\n"

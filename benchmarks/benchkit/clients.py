@@ -114,6 +114,16 @@ def sqlite_lookups(path: str, keys: Sequence[int]) -> int:
         con.close()
 
 
+def sqlite_cli(path: str, keys: Sequence[int]) -> int:
+    """The same lookups through Debian's ``sqlite3`` shell (its own SQLite build), one process."""
+    script = "".join(f"SELECT length(v) FROM kv WHERE k = {int(k)};\n" for k in keys)
+    uri = f"file:{urllib.parse.quote(path)}?mode=ro&immutable=1"
+    out = _run(["sqlite3", "-batch", "-readonly", uri], input=script.encode()).stdout.split()
+    if len(out) != len(keys):
+        raise RuntimeError(f"sqlite3 answered {len(out)} of {len(keys)} lookups")
+    return sum(int(v) for v in out)
+
+
 # -- git ------------------------------------------------------------------------------------------
 def git_fsck_log(git_dir: str) -> int:
     """``git fsck --full`` then ``git log --stat`` of a bare repository; returns the log's length."""

@@ -151,6 +151,12 @@ def _sqlite(ds: Dataset) -> Plan:
     return _file(ds, ds.sqlite("kv.sqlite", rows), clients.sqlite_lookups, keys)
 
 
+def _sqlite_cli(ds: Dataset) -> Plan:
+    rows = ds.scaled(SQLITE_ROWS, 20_000)
+    keys = clients.sqlite_keys(rows, SQLITE_LOOKUPS)
+    return _file(ds, ds.sqlite("kv.sqlite", rows), clients.sqlite_cli, keys)
+
+
 def _two_procs(ds: Dataset) -> Plan:
     return _files(ds, [ds.npy(), ds.raw()], clients.processes_read)
 
@@ -244,6 +250,7 @@ WORKLOADS: tuple[Workload, ...] = (
         "fio_seq256k_4", "fio, 4 jobs, rw=read bs=256k, a quarter of the file each", _fio("read", "256k", 4, None, True)
     ),
     Workload("sqlite", "3,000 point lookups, SQLite opened ?immutable=1", _sqlite),
+    Workload("sqlite_cli", "the same lookups through the sqlite3 shell (Debian's build)", _sqlite_cli),
     Workload("two_procs", "2 processes, each reading a different 1 GiB file", _two_procs),
     Workload("procs4", "4 processes, each reading a different 256 MiB file", _procs4),
     Workload("git", "git fsck --full + git log --stat, one ~40 MiB pack", _git),
