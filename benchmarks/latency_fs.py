@@ -56,6 +56,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from benchkit.system import force_unmount  # noqa: F401 (re-exported: latency_fs.force_unmount)
+
 # Default per-request latency (ms): a same-datacenter network file system round trip.
 DEFAULT_LATENCY_MS = 1.5
 # Default per-stream bandwidth (MB/s, 10**6 bytes): one TCP stream of a 10 GbE-class client.
@@ -393,15 +395,6 @@ def is_fuse_mount(mountpoint: str) -> bool:
         return _mount_dev(mountpoint) is not None
     except OSError:
         return False
-
-
-def force_unmount(mountpoint: str) -> None:
-    """``fusermount3 -u``, then ``umount -l`` if still mounted; never raises."""
-    for cmd in (["fusermount3", "-u", "-q", mountpoint], ["umount", "-l", mountpoint]):
-        if not is_fuse_mount(mountpoint):
-            return
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(cmd, timeout=UMOUNT_TIMEOUT, capture_output=True, check=False)
 
 
 def read_stats(mountpoint: str) -> dict[str, Any]:
