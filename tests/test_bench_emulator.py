@@ -64,13 +64,13 @@ def test_read_ahead_and_cache_switches(tmp_path, spec, requests):
 
 
 def test_bandwidth_per_handle_serialises_per_request_does_not(tmp_path):
-    """Four parallel 64 KiB reads on one handle at 10 MB/s: serialised per handle, overlapped per request."""
+    """Four parallel 64 KiB reads on one handle at 2 MB/s: serialised per handle, overlapped per request."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "f").write_bytes(DATA)
     seconds = {}
     for bw in ("handle", "request"):
-        spec = f"lat=0,mbps=10,bw={bw},cache=direct"
+        spec = f"lat=0,mbps=2,bw={bw},cache=direct"
         with emulated(str(src), str(tmp_path / f"mnt-{bw}"), behaviour=Behaviour.parse(spec)) as emu:
             fd = os.open(os.path.join(emu.mnt, "f"), os.O_RDONLY)
             try:
@@ -81,6 +81,6 @@ def test_bandwidth_per_handle_serialises_per_request_does_not(tmp_path):
             finally:
                 os.close(fd)
             assert b"".join(parts) == DATA
-    # 4 x 64 KiB at 10 MB/s: 26 ms in sequence on one handle, 6.5 ms each in parallel per request
-    assert seconds["handle"] >= 0.024
+    # 4 x 64 KiB at 2 MB/s: 131 ms in sequence on one handle, 33 ms each in parallel per request
+    assert seconds["handle"] >= 0.125
     assert seconds["request"] < 0.75 * seconds["handle"]
