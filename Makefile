@@ -5,7 +5,7 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 APT_GET ?= apt-get
 
-.PHONY: system-deps setup demo test lint bench bench-local bench-latency bench-formats bench-stats clean
+.PHONY: system-deps setup demo test lint bench bench-deps bench-local bench-latency bench-formats bench-stats bench-matrix clean
 
 # fuse3 ships fusermount3 and libfuse3 (never Debian's "fuse": it conflicts with fuse3);
 # systemd provides systemd-analyze for the unit test.
@@ -28,6 +28,15 @@ test: lint
 	$(PYTHON) -m pytest -q
 
 bench: bench-local bench-latency bench-formats bench-stats
+
+# Clients of the benchmark matrix: fio, the sqlite3 shell, git (Python's sqlite3 module ships with Python).
+bench-deps: setup
+	@command -v fio >/dev/null && command -v sqlite3 >/dev/null && command -v git >/dev/null || \
+		{ $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq fio sqlite3 git; }
+
+# The whole matrix takes hours at --scale 1: split it with BENCH_MATRIX_ARGS="--behaviours base,serial" etc.
+bench-matrix: bench-deps
+	$(PYTHON) benchmarks/bench_matrix.py $(BENCH_MATRIX_ARGS)
 
 bench-local: setup
 	$(PYTHON) benchmarks/bench_local.py

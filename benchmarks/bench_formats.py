@@ -43,43 +43,27 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import (  # noqa: E402
-    SEED,
-    Cell,
-    Dataset,
-    Fastfs,
-    FastfsMount,
-    Native,
-    base_parser,
-    drop_caches,
-    extra_options,
+from benchkit.cli import base_parser, extra_options, selected  # noqa: E402
+from benchkit.datasets import Dataset  # noqa: E402
+from benchkit.measure import Cell, Fastfs, Native, measure, preimport  # noqa: E402
+from benchkit.mounts import FastfsMount  # noqa: E402
+from benchkit.mounts import fastfs_mount as _fastfs_mount  # noqa: E402
+from benchkit.readers import (
     file_bytes,
-    fmt_mbps,
-    fmt_s,
-    fmt_x,
-    human_bytes,
-    log,
-    measure,
-    median,
-    mountpoint,
     np_mmap_sum,
     paddle_load,
     parallel_files,
     parallel_read,
-    preimport,
-    print_table,
-    ratio,
     read_files,
-    require_root,
     safetensors_load,
     safetensors_load_touch,
-    selected,
     small_file_list,
-    timed,
     torch_load,
     torch_load_touch,
-)
-from common import fastfs_mount as _fastfs_mount  # noqa: E402
+)  # noqa: E402
+from benchkit.report import fmt_mbps, fmt_s, fmt_x, human_bytes, log, median, print_table, ratio, timed  # noqa: E402
+from benchkit.system import drop_caches, mountpoint, require_root  # noqa: E402
+from benchkit.units import SEED  # noqa: E402
 from latency_fs import DEFAULT_LATENCY_MS, DEFAULT_MBPS, emulated  # noqa: E402
 
 WORKLOADS = (
@@ -109,7 +93,7 @@ IMPORTS = {
 # Shuffle seeds of the two epochs (different orders, as a training loop reshuffles every epoch).
 EPOCH1_SEED = SEED
 EPOCH2_SEED = SEED + 1
-# Mount point names (under common.MOUNT_ROOT).
+# Mount point names (under benchkit.system.MOUNT_ROOT).
 EMU_MOUNT = "formats-emu"
 FASTFS_MOUNT = "formats-fastfs"
 

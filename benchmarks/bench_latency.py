@@ -39,40 +39,27 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import (  # noqa: E402
+from benchkit.cli import base_parser, extra_options, selected  # noqa: E402
+from benchkit.clients import processes_read  # noqa: E402
+from benchkit.datasets import Dataset  # noqa: E402
+from benchkit.measure import Cell, Fastfs, Native, measure, preimport  # noqa: E402
+from benchkit.readers import (
     RANDOM_SIZE,
-    Cell,
-    Dataset,
-    Fastfs,
-    Native,
-    base_parser,
-    extra_options,
     file_bytes,
-    fmt_mbps,
-    fmt_s,
-    fmt_x,
-    human_bytes,
-    log,
-    measure,
-    mountpoint,
     np_load,
     paddle_load,
     parallel_files,
     parallel_preads,
     parallel_read,
-    preimport,
-    print_table,
-    processes_read,
     random_offsets,
     random_preads,
-    ratio,
     read_files,
     read_seq,
-    require_root,
-    selected,
     small_file_list,
     torch_load,
-)
+)  # noqa: E402
+from benchkit.report import fmt_mbps, fmt_s, fmt_x, human_bytes, log, print_table, ratio  # noqa: E402
+from benchkit.system import mountpoint, require_root  # noqa: E402
 from latency_fs import DEFAULT_LATENCY_MS, DEFAULT_MBPS, emulated  # noqa: E402
 
 EMULATED = ("npy", "torch", "paddle", "small_sorted", "small_shuffled", "random4k", "two_procs")
@@ -87,7 +74,7 @@ IMPORTS = {
     "local_torch": "torch",
     "local_paddle": "paddle",
 }
-# Mount point names (under common.MOUNT_ROOT).
+# Mount point names (under benchkit.system.MOUNT_ROOT).
 EMU_MOUNT = "latency-emu"
 FASTFS_MOUNT = "latency-fastfs"
 LOCAL_MOUNT = "latency-local-fastfs"

@@ -28,34 +28,15 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import (  # noqa: E402
-    Cell,
-    Dataset,
-    Fastfs,
-    Native,
-    base_parser,
-    extra_options,
-    file_bytes,
-    fmt_mbps,
-    fmt_s,
-    fmt_x,
-    human_bytes,
-    log,
-    measure,
-    mountpoint,
-    np_load,
-    preimport,
-    print_table,
-    ratio,
-    read_files,
-    read_seq,
-    require_root,
-    selected,
-    small_file_list,
-)
+from benchkit.cli import base_parser, extra_options, selected  # noqa: E402
+from benchkit.datasets import Dataset  # noqa: E402
+from benchkit.measure import Cell, Fastfs, Native, measure, preimport  # noqa: E402
+from benchkit.readers import file_bytes, np_load, read_files, read_seq, small_file_list  # noqa: E402
+from benchkit.report import fmt_mbps, fmt_s, fmt_x, human_bytes, log, print_table, ratio  # noqa: E402
+from benchkit.system import mountpoint, require_root  # noqa: E402
 
 WORKLOADS = ("seq", "npy", "small", "small_no_open")
-# Name of the fastfs mount point (under common.MOUNT_ROOT).
+# Name of the fastfs mount point (under benchkit.system.MOUNT_ROOT).
 MOUNT_NAME = "local-fastfs"
 
 

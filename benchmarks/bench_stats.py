@@ -31,7 +31,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import KIB, MIB, RAM_ROOT, Dataset, fmt_x, human_bytes, log, median, print_table  # noqa: E402
+from benchkit.cli import RAM_ROOT  # noqa: E402
+from benchkit.datasets import Dataset  # noqa: E402
+from benchkit.report import fmt_x, human_bytes, log, median, print_table  # noqa: E402
+from benchkit.units import KIB, MIB  # noqa: E402
 
 # File served from the cache at --scale 1 (must fit in the engine's cache budget).
 FILE_BYTES = 256 * MIB

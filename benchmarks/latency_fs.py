@@ -1,27 +1,33 @@
 """Emulator of latency-bound storage: a read-only FUSE mirror whose every request costs time.
 
 Benchmarks need a source that behaves like network storage (NFS, a parallel file system, an object
-store gateway) on a machine that only has a local disk. This mirror of a directory charges:
+store gateway, a FUSE client such as gcsfuse / s3fs / sshfs) on a machine that only has a local disk.
+This mirror of a directory charges every read ``latency + size / bandwidth`` and every lookup,
+open, readlink and readdir a metadata latency (the cost model and the FUSE operations are in
+:mod:`latency_ops`). Its :class:`Behaviour` switches are the ways real sources differ:
 
-* every read request: a fixed ``latency`` plus ``size / bandwidth``, where bandwidth is per *stream*;
-  a stream is one open file handle. The latency is a sleep taken without any lock, so concurrent
-  requests overlap their latencies (a network round trip is not a shared resource). The transfer
-  time is then reserved on the handle (``start = max(arrival, handle.busy_until)``), so requests on
-  the same handle serialise their transfer while requests on different handles transfer in parallel;
-* every lookup / getattr, open, readlink and readdir: one ``latency``.
+* ``latency_ms`` / ``meta_ms``: cost of a data request / of a metadata request (default: the same);
+* ``mbps`` and ``bandwidth``: per-stream bandwidth, charged per open handle (``handle``: NFS, one
+  TCP stream per file) or per request (``request``: object-store range GETs, each on its own);
+* ``read_ahead_kb``: the source mount's own kernel read-ahead (128: the kernel default of an NFS
+  or FUSE client; 0: none, buffered reads go to the source page by page; larger values raise it);
+* ``cache``: the kernel page cache of the source kept across opens (``keep``: keep_cache, NFS
+  close-to-open), dropped at every open (``drop``) or not used at all (``direct``: direct_io);
+* ``attr_timeout``: the kernel's attribute / entry cache lifetime (1 s: libfuse's default, close
+  to NFS's acregmin);
+* ``parallel_dirops``: lookups and readdirs of one directory in parallel (a shim sets
+  ``FUSE_PARALLEL_DIROPS`` in the INIT reply) or serialised by the kernel, which is what every
+  FUSE source on libfuse 3.14 (Debian 12) gets, since libfuse before 3.16 never passes the flag on.
 
-Everything else is what a network file system client looks like to the kernel: page cache on
-(``direct_io`` off, ``keep_cache`` on like NFS close-to-open with an unchanged file), the kernel's
-default read-ahead (128 KiB) unless ``--read-ahead-kb`` sets the mount's bdi, parallel directory
-operations (``FUSE_CAP_PARALLEL_DIROPS``, checked at init), many worker threads, and a raised
-``max_background`` so the kernel may keep many read-ahead requests in flight.
-
-Counters (reads, bytes, opens, getattrs, readdirs, peak concurrency...) are readable as JSON from
-the hidden file ``MNT/.latency_fs_stats`` (not listed, costs no latency) and are printed at exit.
+Always: many worker threads and a raised ``max_background`` so the kernel may keep many read-ahead
+requests in flight. Counters (reads, bytes, opens, getattrs, readdirs, peak concurrency...) are
+readable as JSON from the hidden file ``MNT/.latency_fs_stats`` (not listed, costs no latency) and
+are printed to the emulator's log at exit.
 
 Usage::
 
     python benchmarks/latency_fs.py SRC MNT --latency-ms 1.5 --mbps 400 [--foreground]
+    python benchmarks/latency_fs.py SRC MNT --behaviour dirops=serial,ra=0,cache=drop,lat=5,bw=request
     python benchmarks/latency_fs.py --umount MNT
 
 From Python (never leaves a mount behind, even on error)::
@@ -29,26 +35,28 @@ From Python (never leaves a mount behind, even on error)::
     with emulated(src, mnt, latency_ms=1.5, mbps=400) as emu:
         ...
         emu.stats()  # -> dict
+    with emulated(src, mnt, behaviour=Behaviour.parse("dirops=serial,lat=5")) as emu:
+        ...
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
+import dataclasses
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
+from benchkit.system import force_unmount  # noqa: F401 (re-exported: latency_fs.force_unmount)
 
 # Default per-request latency (ms): a same-datacenter network file system round trip.
 DEFAULT_LATENCY_MS = 1.5
@@ -56,16 +64,13 @@ DEFAULT_LATENCY_MS = 1.5
 DEFAULT_MBPS = 400.0
 # Default FUSE worker threads: enough for 16 parallel preads plus lookups from other readers.
 DEFAULT_THREADS = 64
-# Kernel read-ahead requests in flight (max_background): a network client pipelines many requests.
-MAX_BACKGROUND = 64
-# Congestion threshold: 3/4 of max_background, the kernel's own default ratio.
-CONGESTION_THRESHOLD = 48
 # Kernel attribute / entry cache lifetime (s): the libfuse default, close to NFS's acregmin.
 DEFAULT_ATTR_TIMEOUT = 1.0
-# Name of the hidden counters file at the mount root.
+# The kernel's own default read-ahead of a new mount (KiB): what "leave it" means.
+KERNEL_READ_AHEAD_KB = 128
+# Name of the hidden counters file at the mount root (same as latency_ops.STATS_NAME; this module
+# does not import latency_ops, which loads libfuse).
 STATS_NAME = ".latency_fs_stats"
-# Size reported for the counters file; reads use direct_io so the real (shorter) length wins.
-STATS_FILE_SIZE = 1 << 20
 # Seconds to wait for a mount to become live before giving up.
 MOUNT_TIMEOUT = 30.0
 # Poll interval (s) while waiting for a mount or an unmount.
@@ -74,11 +79,6 @@ POLL_INTERVAL = 0.05
 EXIT_TIMEOUT = 15.0
 # Timeout (s) of fusermount3 / umount helper commands.
 UMOUNT_TIMEOUT = 30.0
-# libfuse 3 capability bit FUSE_CAP_PARALLEL_DIROPS (fuse_common.h): without it the kernel serialises
-# lookups and readdirs of one directory on the FUSE inode mutex.
-FUSE_CAP_PARALLEL_DIROPS = 1 << 18
-# libfuse 3 capability bit FUSE_CAP_ASYNC_READ: the kernel may send several reads of one file at once.
-FUSE_CAP_ASYNC_READ = 1 << 0
 # Where the parallel-dirops shim is built (keyed by a hash of its source).
 SHIM_CACHE_DIR = os.path.join(tempfile.gettempdir(), "latency_fs_shim")
 # Seconds allowed for compiling the shim.
@@ -133,261 +133,6 @@ ssize_t writev(int fd, const struct iovec *iov, int iovcnt) {
 }
 """
 
-COUNTER_NAMES = (
-    "reads",
-    "read_bytes",
-    "opens",
-    "releases",
-    "getattrs",
-    "readdirs",
-    "readlinks",
-    "max_inflight",
-    "max_inflight_reads",
-    "read_wait_seconds",
-)
-
-
-class _Handle:
-    """One open file: its descriptor and its transfer-time reservation."""
-
-    __slots__ = ("fd", "lock", "busy_until")
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.lock = threading.Lock()  # guards busy_until only; never held across a sleep or I/O
-        self.busy_until = 0.0
-
-
-def _import_mfusepy() -> Any:
-    import mfusepy
-
-    return mfusepy
-
-
-def make_operations(
-    src: str,
-    latency_s: float,
-    bytes_per_s: float,
-    keep_cache: bool = True,
-    attr_timeout: float = DEFAULT_ATTR_TIMEOUT,
-    read_ahead_kb: int | None = None,
-    mountpoint: str = "",
-) -> Any:
-    """Build the mfusepy Operations object (imported lazily so --help works without libfuse)."""
-    mfusepy = _import_mfusepy()
-
-    class LatencyFS(mfusepy.Operations):
-        use_ns = True
-
-        def __init__(self) -> None:
-            self.root = os.path.realpath(src)
-            self.latency = latency_s
-            self.bps = bytes_per_s
-            self._lock = threading.Lock()  # guards counters and the handle table only
-            self._handles: dict[int, _Handle] = {}
-            self._virtual: dict[int, bytes] = {}  # open handles of the counters file -> frozen snapshot
-            self._next_fh = 1
-            self.counters: dict[str, float] = dict.fromkeys(COUNTER_NAMES, 0)
-            self.counters["read_wait_seconds"] = 0.0
-            self._inflight = 0
-            self._inflight_reads = 0
-            self.capable = 0
-            self.want = 0
-            self.proto = ""
-            self.started = time.time()
-
-        # -- helpers -----------------------------------------------------------------------
-        def _real(self, path: str) -> str:
-            return self.root + path if path != "/" else self.root
-
-        def _enter(self, counter: str, is_read: bool = False) -> None:
-            with self._lock:
-                self.counters[counter] += 1
-                self._inflight += 1
-                if self._inflight > self.counters["max_inflight"]:
-                    self.counters["max_inflight"] = self._inflight
-                if is_read:
-                    self._inflight_reads += 1
-                    if self._inflight_reads > self.counters["max_inflight_reads"]:
-                        self.counters["max_inflight_reads"] = self._inflight_reads
-
-        def _leave(self, is_read: bool = False) -> None:
-            with self._lock:
-                self._inflight -= 1
-                if is_read:
-                    self._inflight_reads -= 1
-
-        def _charge(self, counter: str) -> None:
-            """One metadata round trip: count it and sleep the latency (no lock held)."""
-            self._enter(counter)
-            try:
-                if self.latency > 0:
-                    time.sleep(self.latency)
-            finally:
-                self._leave()
-
-        def snapshot(self) -> dict[str, Any]:
-            with self._lock:
-                counters = dict(self.counters)
-                open_handles = len(self._handles)
-            return {
-                "latency_ms": self.latency * 1000,
-                "mbps": self.bps / 1e6,
-                "pid": os.getpid(),
-                "uptime_seconds": round(time.time() - self.started, 3),
-                "parallel_dirops": bool(self.want & FUSE_CAP_PARALLEL_DIROPS)
-                and "parallel_dirops_" in os.environ.get("LD_PRELOAD", ""),
-                "async_read": bool(self.want & FUSE_CAP_ASYNC_READ),
-                "capable": hex(self.capable),
-                "want": hex(self.want),
-                "proto": self.proto,
-                "open_handles": open_handles,
-                "counters": counters,
-            }
-
-        # -- lifecycle ---------------------------------------------------------------------
-        def init_with_config(self, conn: Any, config: Any) -> None:
-            if conn is not None:
-                self.capable = int(conn.capable)
-                self.proto = f"{conn.proto_major}.{conn.proto_minor}"
-                for cap in (FUSE_CAP_PARALLEL_DIROPS, FUSE_CAP_ASYNC_READ):
-                    if conn.capable & cap:
-                        conn.want |= cap
-                self.want = int(conn.want)
-                conn.max_background = MAX_BACKGROUND
-                conn.congestion_threshold = CONGESTION_THRESHOLD
-            if config is not None:
-                config.entry_timeout = attr_timeout
-                config.attr_timeout = attr_timeout
-                config.negative_timeout = attr_timeout
-                config.direct_io = 0
-                config.kernel_cache = 0
-            if read_ahead_kb is not None and mountpoint:
-                threading.Thread(target=_set_read_ahead, args=(mountpoint, read_ahead_kb), daemon=True).start()
-
-        # -- metadata ----------------------------------------------------------------------
-        def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
-            if path == "/" + STATS_NAME:
-                now = time.time_ns()
-                return {
-                    "st_mode": stat.S_IFREG | 0o444,
-                    "st_nlink": 1,
-                    "st_size": STATS_FILE_SIZE,
-                    "st_atime": now,
-                    "st_mtime": now,
-                    "st_ctime": now,
-                }
-            self._charge("getattrs")
-            st = os.lstat(self._real(path))
-            return {
-                "st_mode": st.st_mode,
-                "st_nlink": st.st_nlink,
-                "st_size": st.st_size,
-                "st_uid": st.st_uid,
-                "st_gid": st.st_gid,
-                "st_ino": st.st_ino,
-                "st_atime": st.st_atime_ns,
-                "st_mtime": st.st_mtime_ns,
-                "st_ctime": st.st_ctime_ns,
-                "st_blocks": st.st_blocks,
-                "st_blksize": st.st_blksize,
-            }
-
-        def readdir(self, path: str, fh: int) -> list[str]:
-            self._charge("readdirs")
-            return [".", "..", *os.listdir(self._real(path))]
-
-        def readlink(self, path: str) -> str:
-            self._charge("readlinks")
-            return os.readlink(self._real(path))
-
-        def statfs(self, path: str) -> dict[str, int]:
-            sv = os.statvfs(self.root)
-            return {
-                k: getattr(sv, k)
-                for k in (
-                    "f_bsize",
-                    "f_frsize",
-                    "f_blocks",
-                    "f_bfree",
-                    "f_bavail",
-                    "f_files",
-                    "f_ffree",
-                    "f_favail",
-                    "f_namemax",
-                )
-            }
-
-        # -- data --------------------------------------------------------------------------
-        def open(self, path: str, fi: Any) -> int:
-            if fi.flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
-                raise OSError(errno.EROFS, os.strerror(errno.EROFS))
-            if path == "/" + STATS_NAME:  # one frozen snapshot per open, so a multi-read reader sees one JSON
-                data = json.dumps(self.snapshot(), indent=1).encode() + b"\n"
-                with self._lock:
-                    fh = self._next_fh
-                    self._next_fh += 1
-                    self._virtual[fh] = data
-                fi.fh = fh
-                fi.direct_io = 1
-                return 0
-            self._charge("opens")
-            fd = os.open(self._real(path), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            with self._lock:
-                fh = self._next_fh
-                self._next_fh += 1
-                self._handles[fh] = _Handle(fd)
-            fi.fh = fh
-            fi.direct_io = 0
-            fi.keep_cache = 1 if keep_cache else 0
-            return 0
-
-        def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
-            """Byte-returning read (used by the counters file; data reads go through read_into)."""
-            data = self._virtual.get(fi.fh)
-            if data is not None:
-                return data[offset : offset + size]
-            buf = bytearray(size)
-            n = self.read_into(fi, memoryview(buf), offset)
-            return bytes(buf[:n])
-
-        def read_into(self, fi: Any, dest: memoryview, offset: int) -> int:
-            """Fill *dest* from the file at *offset*, charging latency + size / bandwidth of this handle."""
-            t0 = time.monotonic()
-            handle = self._handles[fi.fh]
-            self._enter("reads", is_read=True)
-            try:
-                n = os.preadv(handle.fd, [dest], offset)
-                arrival = t0 + self.latency
-                with handle.lock:
-                    start = max(arrival, handle.busy_until)
-                    handle.busy_until = start + n / self.bps
-                    deadline = handle.busy_until
-                wait = deadline - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-            finally:
-                self._leave(is_read=True)
-            with self._lock:
-                self.counters["read_bytes"] += n
-                self.counters["read_wait_seconds"] += time.monotonic() - t0
-            return n
-
-        def is_virtual(self, fh: int) -> bool:
-            return fh in self._virtual
-
-        def release(self, path: str, fi: Any) -> int:
-            if self._virtual.pop(fi.fh, None) is not None:
-                return 0
-            with self._lock:
-                handle = self._handles.pop(fi.fh, None)
-                self.counters["releases"] += 1
-            if handle is not None:
-                os.close(handle.fd)
-            return 0
-
-    return LatencyFS()
-
 
 # -- parallel dirops shim ------------------------------------------------------------------------
 def dirops_shim() -> str | None:
@@ -433,23 +178,6 @@ def _child_env(parallel_dirops: bool) -> dict[str, str]:
     return env
 
 
-def _fuse_class() -> Any:
-    """mfusepy.FUSE whose read callback preads straight into libfuse's buffer (no bytes object, no copy)."""
-    import ctypes
-
-    mfusepy = _import_mfusepy()
-
-    class ZeroCopyFUSE(mfusepy.FUSE):
-        def read(self, path: Any, buf: Any, size: int, offset: int, fip: Any) -> int:
-            fi = fip.contents
-            if self.operations.is_virtual(fi.fh):
-                return super().read(path, buf, size, offset, fip)
-            dest = ctypes.cast(buf, ctypes.POINTER(ctypes.c_char * size)).contents
-            return self.operations.read_into(fi, memoryview(dest).cast("B"), offset)
-
-    return ZeroCopyFUSE
-
-
 # -- bdi read-ahead ------------------------------------------------------------------------------
 def _mount_dev(mountpoint: str) -> str | None:
     """``major:minor`` of the FUSE mount at *mountpoint*, read from mountinfo (never touches the FS)."""
@@ -489,42 +217,175 @@ def read_ahead_kb_of(mountpoint: str) -> int | None:
         return int(f.read())
 
 
+# -- behaviour ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Behaviour:
+    """The emulator's switches (see the module docstring); ``parse`` reads ``key=value,...`` specs."""
+
+    latency_ms: float = DEFAULT_LATENCY_MS
+    """Cost of every data request (ms)."""
+    meta_ms: float | None = None
+    """Cost of every lookup / getattr, open, readlink, readdir (ms); None: the same as latency_ms."""
+    mbps: float = DEFAULT_MBPS
+    """Bandwidth of one stream (MB/s, 10**6 B)."""
+    bandwidth: str = "handle"
+    """``handle``: one stream per open handle; ``request``: every request its own stream."""
+    read_ahead_kb: int | None = None
+    """The source mount's kernel read-ahead (KiB); None leaves the kernel's default (128); 0: none."""
+    cache: str = "keep"
+    """Kernel page cache of the source: ``keep`` across opens, ``drop`` at every open, ``direct`` (none)."""
+    attr_timeout: float = DEFAULT_ATTR_TIMEOUT
+    """Kernel attribute / entry cache lifetime (s)."""
+    parallel_dirops: bool = True
+    """Lookups of one directory in parallel (shim) or serialised (libfuse 3.14 as shipped)."""
+    threads: int = DEFAULT_THREADS
+    """FUSE worker threads."""
+
+    # short spec keys -> field names
+    KEYS = {
+        "lat": "latency_ms",
+        "latency": "latency_ms",
+        "meta": "meta_ms",
+        "mbps": "mbps",
+        "bw": "bandwidth",
+        "ra": "read_ahead_kb",
+        "cache": "cache",
+        "attr": "attr_timeout",
+        "dirops": "parallel_dirops",
+        "threads": "threads",
+    }
+
+    def __post_init__(self) -> None:
+        if self.bandwidth not in ("handle", "request"):
+            raise ValueError(f"bw must be handle or request, not {self.bandwidth!r}")
+        if self.cache not in ("keep", "drop", "direct"):
+            raise ValueError(f"cache must be keep, drop or direct, not {self.cache!r}")
+        if self.latency_ms < 0 or (self.meta_ms or 0) < 0 or self.mbps <= 0 or self.attr_timeout < 0:
+            raise ValueError("lat, meta and attr must be >= 0 and mbps > 0")
+        if (self.read_ahead_kb is not None and self.read_ahead_kb < 0) or self.threads < 1:
+            raise ValueError("ra must be >= 0 and threads >= 1")
+
+    @classmethod
+    def parse(cls, spec: str, base: Behaviour | None = None) -> Behaviour:
+        """``lat=5,meta=0.8,mbps=400,bw=request,ra=0,cache=drop,attr=1,dirops=serial`` over *base*.
+
+        Raises ValueError with a one-line message for an unknown key or a bad value.
+        """
+        changes: dict[str, Any] = {}
+        for item in (p.strip() for p in spec.split(",")):
+            if not item:
+                continue
+            key, sep, value = item.partition("=")
+            name = cls.KEYS.get(key.strip())
+            if not sep or name is None:
+                raise ValueError(f"bad emulator setting {item!r}: use key=value with key in {', '.join(cls.KEYS)}")
+            value = value.strip()
+            try:
+                if name == "parallel_dirops":
+                    if value not in ("parallel", "serial"):
+                        raise ValueError
+                    changes[name] = value == "parallel"
+                elif name in ("bandwidth", "cache"):
+                    changes[name] = value
+                elif name == "read_ahead_kb":
+                    changes[name] = None if value in ("default", "kernel") else int(value)
+                elif name == "threads":
+                    changes[name] = int(value)
+                else:
+                    changes[name] = float(value)
+            except ValueError:
+                raise ValueError(f"bad value for emulator setting {key}: {value!r}") from None
+        return dataclasses.replace(base or cls(), **changes)
+
+    @property
+    def meta_latency_ms(self) -> float:
+        return self.latency_ms if self.meta_ms is None else self.meta_ms
+
+    def spec(self) -> str:
+        """The full ``key=value,...`` spec of this behaviour (parse(spec()) == self)."""
+        ra = "default" if self.read_ahead_kb is None else str(self.read_ahead_kb)
+        return (
+            f"lat={self.latency_ms:g},meta={self.meta_latency_ms:g},mbps={self.mbps:g},bw={self.bandwidth},"
+            f"ra={ra},cache={self.cache},attr={self.attr_timeout:g},"
+            f"dirops={'parallel' if self.parallel_dirops else 'serial'},threads={self.threads}"
+        )
+
+    def describe(self) -> str:
+        """One line for table titles: ``1.5 ms (+0.8 ms metadata), 400 MB/s per handle, ...``."""
+        meta = "" if self.meta_ms is None else f" ({self.meta_ms:g} ms metadata)"
+        ra = KERNEL_READ_AHEAD_KB if self.read_ahead_kb is None else self.read_ahead_kb
+        return (
+            f"{self.latency_ms:g} ms{meta}, {self.mbps:g} MB/s per {self.bandwidth}, read-ahead {ra} KiB, "
+            f"page cache {self.cache}, attr {self.attr_timeout:g} s, "
+            f"lookups {'parallel' if self.parallel_dirops else 'serialised'}"
+        )
+
+    def args(self) -> list[str]:
+        """Command-line options of the foreground emulator for this behaviour."""
+        out = [
+            "--latency-ms",
+            str(self.latency_ms),
+            "--mbps",
+            str(self.mbps),
+            "--bandwidth",
+            self.bandwidth,
+            "--cache",
+            self.cache,
+            "--threads",
+            str(self.threads),
+            "--attr-timeout",
+            str(self.attr_timeout),
+        ]
+        if self.meta_ms is not None:
+            out += ["--meta-ms", str(self.meta_ms)]
+        if self.read_ahead_kb is not None:
+            out += ["--read-ahead-kb", str(self.read_ahead_kb)]
+        if not self.parallel_dirops:
+            out.append("--serial-dirops")
+        return out
+
+
+def behaviour_of(args: argparse.Namespace) -> Behaviour:
+    """The Behaviour of parsed command-line options (``--behaviour`` spec first, explicit options over it)."""
+    base = Behaviour()
+    if getattr(args, "behaviour", None):
+        base = Behaviour.parse(args.behaviour)
+    changes: dict[str, Any] = {}
+    for name in ("latency_ms", "meta_ms", "mbps", "bandwidth", "read_ahead_kb", "cache", "attr_timeout", "threads"):
+        value = getattr(args, name, None)
+        if value is not None:
+            changes[name] = value
+    if getattr(args, "serial_dirops", False):
+        changes["parallel_dirops"] = False
+    return dataclasses.replace(base, **changes)
+
+
 # -- foreground process ---------------------------------------------------------------------------
 def run_foreground(args: argparse.Namespace, argv: list[str]) -> int:
-    if not args.serial_dirops and "parallel_dirops_" not in os.environ.get("LD_PRELOAD", ""):
+    b = behaviour_of(args)
+    if b.parallel_dirops and "parallel_dirops_" not in os.environ.get("LD_PRELOAD", ""):
         env = _child_env(True)
         if "LD_PRELOAD" in env and env["LD_PRELOAD"] != os.environ.get("LD_PRELOAD"):
             # Re-execute with the shim preloaded (it must be in place before libfuse is loaded).
             os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], env)
-    ops = make_operations(
-        args.src,
-        args.latency_ms / 1000.0,
-        args.mbps * 1e6,
-        keep_cache=not args.no_keep_cache,
-        attr_timeout=args.attr_timeout,
-        read_ahead_kb=args.read_ahead_kb,
-        mountpoint=args.mnt,
+    import latency_ops  # loads libfuse: only the emulator process needs it
+
+    model = latency_ops.Model(
+        latency=b.latency_ms / 1000.0,
+        meta_latency=b.meta_latency_ms / 1000.0,
+        bytes_per_s=b.mbps * 1e6,
+        bandwidth=b.bandwidth,
+        cache=b.cache,
+        attr_timeout=b.attr_timeout,
     )
-    status = 0
-    try:
-        _fuse_class()(
-            ops,
-            args.mnt,
-            raw_fi=True,
-            foreground=True,
-            nothreads=False,
-            ro=True,
-            fsname="latency_fs",
-            subtype="latency_fs",
-            max_threads=str(args.threads),
-            max_idle_threads=str(args.threads),
-        )
-    except RuntimeError as e:  # libfuse's non-zero exit (e.g. a signal while busy): reported, not a traceback
-        print(f"latency_fs: fuse_main returned {e}", file=sys.stderr)
-        status = 1
-    finally:
-        print("latency_fs: counters " + json.dumps(ops.snapshot()), file=sys.stderr, flush=True)
-    return status
+    on_init = None
+    if b.read_ahead_kb is not None:
+        kb, mnt = b.read_ahead_kb, args.mnt
+
+        def on_init() -> None:
+            threading.Thread(target=_set_read_ahead, args=(mnt, kb), daemon=True).start()
+
+    return latency_ops.serve(args.src, args.mnt, model, b.threads, on_init)
 
 
 # -- helpers for callers --------------------------------------------------------------------------
@@ -536,15 +397,6 @@ def is_fuse_mount(mountpoint: str) -> bool:
         return False
 
 
-def force_unmount(mountpoint: str) -> None:
-    """``fusermount3 -u``, then ``umount -l`` if still mounted; never raises."""
-    for cmd in (["fusermount3", "-u", "-q", mountpoint], ["umount", "-l", mountpoint]):
-        if not is_fuse_mount(mountpoint):
-            return
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(cmd, timeout=UMOUNT_TIMEOUT, capture_output=True, check=False)
-
-
 def read_stats(mountpoint: str) -> dict[str, Any]:
     with open(os.path.join(mountpoint, STATS_NAME), "rb", buffering=0) as f:
         return json.loads(f.readall())
@@ -553,11 +405,14 @@ def read_stats(mountpoint: str) -> dict[str, Any]:
 class Emulator:
     """A running emulator mount (from :func:`emulated`)."""
 
-    def __init__(self, src: str, mnt: str, proc: subprocess.Popen, log_path: str) -> None:
+    def __init__(
+        self, src: str, mnt: str, proc: subprocess.Popen, log_path: str, behaviour: Behaviour | None = None
+    ) -> None:
         self.src = src
         self.mnt = mnt
         self.proc = proc
         self.log_path = log_path
+        self.behaviour = behaviour or Behaviour()
 
     @property
     def pid(self) -> int:
@@ -570,42 +425,12 @@ class Emulator:
         return self.stats()["counters"]
 
 
-def _command(
-    src: str,
-    mnt: str,
-    latency_ms: float,
-    mbps: float,
-    read_ahead_kb: int | None,
-    threads: int,
-    keep_cache: bool,
-    attr_timeout: float,
-    parallel_dirops: bool = True,
-) -> list[str]:
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        src,
-        mnt,
-        "--foreground",
-        "--latency-ms",
-        str(latency_ms),
-        "--mbps",
-        str(mbps),
-        "--threads",
-        str(threads),
-        "--attr-timeout",
-        str(attr_timeout),
-    ]
-    if read_ahead_kb is not None:
-        cmd += ["--read-ahead-kb", str(read_ahead_kb)]
-    if not keep_cache:
-        cmd.append("--no-keep-cache")
-    if not parallel_dirops:
-        cmd.append("--serial-dirops")
-    return cmd
+def _command(src: str, mnt: str, behaviour: Behaviour) -> list[str]:
+    return [sys.executable, os.path.abspath(__file__), src, mnt, "--foreground", *behaviour.args()]
 
 
-def _wait_live(mnt: str, proc: subprocess.Popen, log_path: str, timeout: float) -> None:
+def _wait_live(mnt: str, proc: subprocess.Popen, log_path: str, timeout: float, read_ahead_kb: int | None) -> None:
+    """Wait until the mount answers its stats file and its read-ahead is what was asked."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -614,11 +439,12 @@ def _wait_live(mnt: str, proc: subprocess.Popen, log_path: str, timeout: float) 
         if is_fuse_mount(mnt):
             try:
                 read_stats(mnt)
-                return
+                if read_ahead_kb is None or read_ahead_kb_of(mnt) == read_ahead_kb:
+                    return
             except (OSError, ValueError):
                 pass
         time.sleep(POLL_INTERVAL)
-    raise RuntimeError(f"latency_fs did not mount {mnt} within {timeout} s")
+    raise RuntimeError(f"latency_fs did not mount {mnt} (with read_ahead_kb {read_ahead_kb}) within {timeout} s")
 
 
 def _stop(mnt: str, proc: subprocess.Popen) -> None:
@@ -640,6 +466,13 @@ def _stop(mnt: str, proc: subprocess.Popen) -> None:
         force_unmount(mnt)
 
 
+def _start(src: str, mnt: str, behaviour: Behaviour, log_path: str) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            _command(src, mnt, behaviour), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
+
+
 @contextlib.contextmanager
 def emulated(
     src: str,
@@ -653,18 +486,32 @@ def emulated(
     parallel_dirops: bool = True,
     log_path: str | None = None,
     timeout: float = MOUNT_TIMEOUT,
+    *,
+    behaviour: Behaviour | None = None,
 ) -> Iterator[Emulator]:
-    """Mount the emulator of *src* on *mnt* for the duration of the block; always unmounts."""
+    """Mount the emulator of *src* on *mnt* for the duration of the block; always unmounts.
+
+    The keyword arguments describe the behaviour (``keep_cache=False`` is ``cache="drop"``); a
+    *behaviour* given instead overrides all of them.
+    """
+    if behaviour is None:
+        behaviour = Behaviour(
+            latency_ms=latency_ms,
+            mbps=mbps,
+            read_ahead_kb=read_ahead_kb,
+            threads=threads,
+            cache="keep" if keep_cache else "drop",
+            attr_timeout=attr_timeout,
+            parallel_dirops=parallel_dirops,
+        )
     os.makedirs(mnt, exist_ok=True)
     if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix="latency_fs.", suffix=".log")
         os.close(fd)
-    cmd = _command(src, mnt, latency_ms, mbps, read_ahead_kb, threads, keep_cache, attr_timeout, parallel_dirops)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    proc = _start(src, mnt, behaviour, log_path)
     try:
-        _wait_live(mnt, proc, log_path, timeout)
-        yield Emulator(src, mnt, proc, log_path)
+        _wait_live(mnt, proc, log_path, timeout, behaviour.read_ahead_kb)
+        yield Emulator(src, mnt, proc, log_path, behaviour)
     finally:
         _stop(mnt, proc)
 
@@ -676,17 +523,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("src", nargs="?", help="directory to mirror")
     p.add_argument("mnt", nargs="?", help="mount point")
-    p.add_argument("--latency-ms", type=float, default=DEFAULT_LATENCY_MS, help="cost of every request (ms)")
-    p.add_argument("--mbps", type=float, default=DEFAULT_MBPS, help="per-handle bandwidth (MB/s, 10**6 B)")
+    p.add_argument(
+        "--behaviour",
+        default=None,
+        help="settings as key=value,... (lat, meta, mbps, bw=handle|request, ra, cache=keep|drop|direct, attr, "
+        "dirops=parallel|serial, threads); the options below override it",
+    )
+    p.add_argument("--latency-ms", type=float, default=None, help=f"cost of every request (ms, {DEFAULT_LATENCY_MS})")
+    p.add_argument("--meta-ms", type=float, default=None, help="cost of every metadata request (default: latency)")
+    p.add_argument("--mbps", type=float, default=None, help=f"per-stream bandwidth (MB/s, 10**6 B, {DEFAULT_MBPS})")
+    p.add_argument(
+        "--bandwidth", choices=("handle", "request"), default=None, help="a stream is one handle or one request"
+    )
     p.add_argument(
         "--read-ahead-kb",
         type=int,
         default=None,
-        help="set the mount's bdi read_ahead_kb (default: leave the kernel's 128)",
+        help=f"set the mount's bdi read_ahead_kb (default: leave the kernel's {KERNEL_READ_AHEAD_KB}; 0: none)",
     )
-    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="FUSE worker threads")
-    p.add_argument("--attr-timeout", type=float, default=DEFAULT_ATTR_TIMEOUT, help="entry/attr cache seconds")
-    p.add_argument("--no-keep-cache", action="store_true", help="drop the kernel page cache on every open")
+    p.add_argument("--cache", choices=("keep", "drop", "direct"), default=None, help="kernel page cache of the mount")
+    p.add_argument("--threads", type=int, default=None, help=f"FUSE worker threads ({DEFAULT_THREADS})")
+    p.add_argument("--attr-timeout", type=float, default=None, help="entry/attr cache seconds (1)")
+    p.add_argument("--no-keep-cache", action="store_true", help="same as --cache drop")
     p.add_argument(
         "--serial-dirops",
         action="store_true",
@@ -696,8 +554,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log", default=None, help="log file of a background emulator (default: a temp file)")
     p.add_argument("--umount", metavar="MNT", help="unmount an emulator mount and exit")
     args = p.parse_args(argv)
+    if args.no_keep_cache and args.cache is None:
+        args.cache = "drop"
     if not args.umount and (not args.src or not args.mnt):
         p.error("SRC and MNT are required")
+    try:
+        args.behaviour_value = behaviour_of(args)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -713,26 +577,15 @@ def main(argv: list[str] | None = None) -> int:
         return run_foreground(args, sys.argv[1:] if argv is None else argv)
     # Background: start a foreground copy detached from this terminal, return once it is live.
     log_path = args.log or tempfile.mkstemp(prefix="latency_fs.", suffix=".log")[1]
-    cmd = _command(
-        args.src,
-        args.mnt,
-        args.latency_ms,
-        args.mbps,
-        args.read_ahead_kb,
-        args.threads,
-        not args.no_keep_cache,
-        args.attr_timeout,
-        not args.serial_dirops,
-    )
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    behaviour = args.behaviour_value
+    proc = _start(args.src, args.mnt, behaviour, log_path)
     try:
-        _wait_live(args.mnt, proc, log_path, MOUNT_TIMEOUT)
+        _wait_live(args.mnt, proc, log_path, MOUNT_TIMEOUT, behaviour.read_ahead_kb)
     except RuntimeError as e:
         _stop(args.mnt, proc)
         print(f"latency_fs: {e}", file=sys.stderr)
         return 1
-    print(f"latency_fs: pid {proc.pid} mounted {args.mnt} (log {log_path})")
+    print(f"latency_fs: pid {proc.pid} mounted {args.mnt} (log {log_path}; {behaviour.describe()})")
     return 0
 
 

@@ -1,0 +1,365 @@
+"""The latency emulator's FUSE operations: a read-only mirror that charges every request time.
+
+This module is what runs inside the emulator process (``latency_fs.py --foreground`` imports it);
+callers use :func:`latency_fs.emulated` and never import it themselves. It imports mfusepy (and so
+libfuse 3) at import time.
+
+The cost model (:class:`Model`):
+
+* every data read: ``latency`` plus ``size / bandwidth``. The latency is a sleep taken without any
+  lock, so concurrent requests overlap their latencies (a round trip is not a shared resource).
+  The transfer time is charged per *handle* (``bandwidth="handle"``: one open file is one stream,
+  ``start = max(arrival, handle.busy_until)``, so requests on the same handle serialise their
+  transfer while requests on different handles transfer in parallel, like NFS or a TCP stream per
+  open file) or per *request* (``bandwidth="request"``: every request transfers on its own, like
+  range GETs of an object store, each on its own connection);
+* every lookup / getattr, open, readlink and readdir: one ``meta_latency``.
+
+What the kernel sees of it is set by :class:`Model` too: the page cache kept across opens
+(``cache="keep"``: ``keep_cache``, NFS close-to-open with an unchanged file), dropped at every open
+(``"drop"``: no ``keep_cache``) or not used at all (``"direct"``: ``direct_io``, every read reaches
+the emulator at the size the reader asked; shared mmaps fail with ENODEV, as on such a mount), and
+the attribute / entry timeout. Kernel read-ahead and parallel lookups are set from outside the
+operations (the mount's bdi, the INIT reply shim): see :mod:`latency_fs`.
+
+Concurrency: ``LatencyFS._lock`` guards the counters, the in-flight gauges and the handle tables;
+each ``_Handle.lock`` guards that handle's ``busy_until`` only. No lock is held across a sleep or I/O.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
+
+import mfusepy  # noqa: E402
+
+# Kernel read-ahead requests in flight (max_background): a network client pipelines many requests.
+MAX_BACKGROUND = 64
+# Congestion threshold: 3/4 of max_background, the kernel's own default ratio.
+CONGESTION_THRESHOLD = 48
+# Name of the hidden counters file at the mount root.
+STATS_NAME = ".latency_fs_stats"
+# Size reported for the counters file; reads use direct_io so the real (shorter) length wins.
+STATS_FILE_SIZE = 1 << 20
+# libfuse 3 capability bit FUSE_CAP_PARALLEL_DIROPS (fuse_common.h): without it the kernel serialises
+# lookups and readdirs of one directory on the FUSE inode mutex.
+FUSE_CAP_PARALLEL_DIROPS = 1 << 18
+# libfuse 3 capability bit FUSE_CAP_ASYNC_READ: the kernel may send several reads of one file at once.
+FUSE_CAP_ASYNC_READ = 1 << 0
+# Bandwidth accounting modes (see the module docstring).
+BANDWIDTH_MODES = ("handle", "request")
+# Kernel page cache modes (see the module docstring).
+CACHE_MODES = ("keep", "drop", "direct")
+
+COUNTER_NAMES = (
+    "reads",
+    "read_bytes",
+    "opens",
+    "releases",
+    "getattrs",
+    "readdirs",
+    "readlinks",
+    "max_inflight",
+    "max_inflight_reads",
+    "read_wait_seconds",
+)
+
+
+@dataclass(frozen=True)
+class Model:
+    """What each request costs and what the kernel is told (the emulator's behaviour)."""
+
+    latency: float
+    """Seconds every data read costs before its transfer."""
+    meta_latency: float
+    """Seconds every lookup / getattr, open, readlink and readdir costs."""
+    bytes_per_s: float
+    """Bandwidth of one stream (a handle, or a request with ``bandwidth="request"``)."""
+    bandwidth: str = "handle"
+    """``handle``: transfers on one open handle serialise; ``request``: every request is its own stream."""
+    cache: str = "keep"
+    """``keep`` (keep_cache), ``drop`` (page cache dropped at every open) or ``direct`` (direct_io)."""
+    attr_timeout: float = 1.0
+    """Kernel attribute / entry / negative cache lifetime (s)."""
+
+    def __post_init__(self) -> None:
+        if self.bandwidth not in BANDWIDTH_MODES:
+            raise ValueError(f"bandwidth must be one of {', '.join(BANDWIDTH_MODES)}, not {self.bandwidth!r}")
+        if self.cache not in CACHE_MODES:
+            raise ValueError(f"cache must be one of {', '.join(CACHE_MODES)}, not {self.cache!r}")
+        if self.bytes_per_s <= 0 or self.latency < 0 or self.meta_latency < 0 or self.attr_timeout < 0:
+            raise ValueError("latencies and the attribute timeout must be >= 0, the bandwidth > 0")
+
+
+class _Handle:
+    """One open file: its descriptor and its transfer-time reservation."""
+
+    __slots__ = ("fd", "lock", "busy_until")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()  # guards busy_until only; never held across a sleep or I/O
+        self.busy_until = 0.0
+
+
+class LatencyFS(mfusepy.Operations):
+    """Read-only mirror of *src* charging the costs of *model*; counters at ``/.latency_fs_stats``."""
+
+    use_ns = True
+
+    def __init__(self, src: str, model: Model, on_init: Callable[[], None] | None = None) -> None:
+        self.root = os.path.realpath(src)
+        self.model = model
+        self.latency = model.latency
+        self.meta_latency = model.meta_latency
+        self.bps = model.bytes_per_s
+        self.per_request = model.bandwidth == "request"
+        self.on_init = on_init
+        self._lock = threading.Lock()  # guards counters, the in-flight gauges and both handle tables
+        self._handles: dict[int, _Handle] = {}
+        self._virtual: dict[int, bytes] = {}  # open handles of the counters file -> frozen snapshot
+        self._next_fh = 1
+        self.counters: dict[str, float] = dict.fromkeys(COUNTER_NAMES, 0)
+        self.counters["read_wait_seconds"] = 0.0
+        self._inflight = 0
+        self._inflight_reads = 0
+        self.capable = 0
+        self.want = 0
+        self.proto = ""
+        self.started = time.time()
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _real(self, path: str) -> str:
+        return self.root + path if path != "/" else self.root
+
+    def _enter(self, counter: str, is_read: bool = False) -> None:
+        with self._lock:
+            self.counters[counter] += 1
+            self._inflight += 1
+            if self._inflight > self.counters["max_inflight"]:
+                self.counters["max_inflight"] = self._inflight
+            if is_read:
+                self._inflight_reads += 1
+                if self._inflight_reads > self.counters["max_inflight_reads"]:
+                    self.counters["max_inflight_reads"] = self._inflight_reads
+
+    def _leave(self, is_read: bool = False) -> None:
+        with self._lock:
+            self._inflight -= 1
+            if is_read:
+                self._inflight_reads -= 1
+
+    def _charge(self, counter: str) -> None:
+        """One metadata round trip: count it and sleep the metadata latency (no lock held)."""
+        self._enter(counter)
+        try:
+            if self.meta_latency > 0:
+                time.sleep(self.meta_latency)
+        finally:
+            self._leave()
+
+    def _new_fh(self) -> int:
+        """Next handle number; the caller holds ``_lock``."""
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            counters = dict(self.counters)
+            open_handles = len(self._handles)
+        return {
+            "latency_ms": self.latency * 1000,
+            "meta_latency_ms": self.meta_latency * 1000,
+            "mbps": self.bps / 1e6,
+            "bandwidth": self.model.bandwidth,
+            "cache": self.model.cache,
+            "attr_timeout": self.model.attr_timeout,
+            "pid": os.getpid(),
+            "uptime_seconds": round(time.time() - self.started, 3),
+            "parallel_dirops": bool(self.want & FUSE_CAP_PARALLEL_DIROPS)
+            and "parallel_dirops_" in os.environ.get("LD_PRELOAD", ""),
+            "async_read": bool(self.want & FUSE_CAP_ASYNC_READ),
+            "capable": hex(self.capable),
+            "want": hex(self.want),
+            "proto": self.proto,
+            "open_handles": open_handles,
+            "counters": counters,
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        if conn is not None:
+            self.capable = int(conn.capable)
+            self.proto = f"{conn.proto_major}.{conn.proto_minor}"
+            for cap in (FUSE_CAP_PARALLEL_DIROPS, FUSE_CAP_ASYNC_READ):
+                if conn.capable & cap:
+                    conn.want |= cap
+            self.want = int(conn.want)
+            conn.max_background = MAX_BACKGROUND
+            conn.congestion_threshold = CONGESTION_THRESHOLD
+        if config is not None:
+            t = self.model.attr_timeout
+            config.entry_timeout = t
+            config.attr_timeout = t
+            config.negative_timeout = t
+            config.direct_io = 0
+            config.kernel_cache = 0
+        if self.on_init is not None:
+            self.on_init()
+
+    # -- metadata ------------------------------------------------------------------------------
+    def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
+        if path == "/" + STATS_NAME:
+            now = time.time_ns()
+            return {
+                "st_mode": stat.S_IFREG | 0o444,
+                "st_nlink": 1,
+                "st_size": STATS_FILE_SIZE,
+                "st_atime": now,
+                "st_mtime": now,
+                "st_ctime": now,
+            }
+        self._charge("getattrs")
+        st = os.lstat(self._real(path))
+        return {
+            "st_mode": st.st_mode,
+            "st_nlink": st.st_nlink,
+            "st_size": st.st_size,
+            "st_uid": st.st_uid,
+            "st_gid": st.st_gid,
+            "st_ino": st.st_ino,
+            "st_atime": st.st_atime_ns,
+            "st_mtime": st.st_mtime_ns,
+            "st_ctime": st.st_ctime_ns,
+            "st_blocks": st.st_blocks,
+            "st_blksize": st.st_blksize,
+        }
+
+    def readdir(self, path: str, fh: int) -> list[str]:
+        self._charge("readdirs")
+        return [".", "..", *os.listdir(self._real(path))]
+
+    def readlink(self, path: str) -> str:
+        self._charge("readlinks")
+        return os.readlink(self._real(path))
+
+    def statfs(self, path: str) -> dict[str, int]:
+        sv = os.statvfs(self.root)
+        names = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail")
+        return {k: getattr(sv, k) for k in (*names, "f_namemax")}
+
+    # -- data ----------------------------------------------------------------------------------
+    def open(self, path: str, fi: Any) -> int:
+        if fi.flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        if path == "/" + STATS_NAME:  # one frozen snapshot per open, so a multi-read reader sees one JSON
+            data = json.dumps(self.snapshot(), indent=1).encode() + b"\n"
+            with self._lock:
+                fh = self._new_fh()
+                self._virtual[fh] = data
+            fi.fh = fh
+            fi.direct_io = 1
+            return 0
+        self._charge("opens")
+        fd = os.open(self._real(path), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        with self._lock:
+            fh = self._new_fh()
+            self._handles[fh] = _Handle(fd)
+        fi.fh = fh
+        fi.direct_io = 1 if self.model.cache == "direct" else 0
+        fi.keep_cache = 1 if self.model.cache == "keep" else 0
+        return 0
+
+    def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
+        """Byte-returning read (used by the counters file; data reads go through read_into)."""
+        data = self._virtual.get(fi.fh)
+        if data is not None:
+            return data[offset : offset + size]
+        buf = bytearray(size)
+        n = self.read_into(fi, memoryview(buf), offset)
+        return bytes(buf[:n])
+
+    def read_into(self, fi: Any, dest: memoryview, offset: int) -> int:
+        """Fill *dest* from the file at *offset*, charging latency + size / bandwidth (per handle or request)."""
+        t0 = time.monotonic()
+        handle = self._handles[fi.fh]
+        self._enter("reads", is_read=True)
+        try:
+            n = os.preadv(handle.fd, [dest], offset)
+            arrival = t0 + self.latency
+            if self.per_request:
+                deadline = arrival + n / self.bps
+            else:
+                with handle.lock:
+                    start = max(arrival, handle.busy_until)
+                    handle.busy_until = deadline = start + n / self.bps
+            wait = deadline - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        finally:
+            self._leave(is_read=True)
+        with self._lock:
+            self.counters["read_bytes"] += n
+            self.counters["read_wait_seconds"] += time.monotonic() - t0
+        return n
+
+    def is_virtual(self, fh: int) -> bool:
+        return fh in self._virtual
+
+    def release(self, path: str, fi: Any) -> int:
+        if self._virtual.pop(fi.fh, None) is not None:
+            return 0
+        with self._lock:
+            handle = self._handles.pop(fi.fh, None)
+            self.counters["releases"] += 1
+        if handle is not None:
+            os.close(handle.fd)
+        return 0
+
+
+class ZeroCopyFUSE(mfusepy.FUSE):
+    """mfusepy.FUSE whose read callback preads straight into libfuse's buffer (no bytes object, no copy)."""
+
+    def read(self, path: Any, buf: Any, size: int, offset: int, fip: Any) -> int:
+        fi = fip.contents
+        if self.operations.is_virtual(fi.fh):
+            return super().read(path, buf, size, offset, fip)
+        dest = ctypes.cast(buf, ctypes.POINTER(ctypes.c_char * size)).contents
+        return self.operations.read_into(fi, memoryview(dest).cast("B"), offset)
+
+
+def serve(src: str, mnt: str, model: Model, threads: int, on_init: Callable[[], None] | None = None) -> int:
+    """Run the emulator in the foreground until unmounted; prints its counters at exit. Returns the status."""
+    ops = LatencyFS(src, model, on_init)
+    status = 0
+    try:
+        ZeroCopyFUSE(
+            ops,
+            mnt,
+            raw_fi=True,
+            foreground=True,
+            nothreads=False,
+            ro=True,
+            fsname="latency_fs",
+            subtype="latency_fs",
+            max_threads=str(threads),
+            max_idle_threads=str(threads),
+        )
+    except RuntimeError as e:  # libfuse's non-zero exit (e.g. a signal while busy): reported, not a traceback
+        print(f"latency_fs: fuse_main returned {e}", file=sys.stderr, flush=True)
+        status = 1
+    finally:
+        print("latency_fs: counters " + json.dumps(ops.snapshot()), file=sys.stderr, flush=True)
+    return status
