@@ -33,6 +33,7 @@ as JSON). The mount is read-only: every write-type request answers EROFS.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
@@ -45,6 +46,7 @@ from typing import Any
 from fastfs.daemon.kernel import abi
 from fastfs.daemon.kernel.abi import Op
 from fastfs.daemon.kernel.session import NO_REPLY, Request
+from fastfs.fsio.engine import ReplyParts
 from fastfs.fsio.nodes import ROOT_ID, Node, NodeTable, join
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH
 
@@ -346,14 +348,16 @@ class KernelOps:
             if data is None:
                 raise OSError(errno.EBADF, os.strerror(errno.EBADF))
             return data[offset : offset + size]
+        if fh == 0 and request.nodeid == STATS_ID:
+            return self._read_nofh_stats(request, offset, size)
+        parts = ReplyParts()
+        request.after = functools.partial(self.engine.release_parts, parts)
         if fh == 0:
-            if request.nodeid == STATS_ID:
-                return self._read_nofh_stats(request, offset, size)
             node = self._node(request.nodeid)
-            n = self.engine.read_into(0, offset, dest, node.path, node.version)
+            self.engine.read_into(0, offset, dest, node.path, node.version, parts)
         else:
-            n = self.engine.read_into(fh, offset, dest)
-        return dest[:n]
+            self.engine.read_into(fh, offset, dest, parts=parts)
+        return parts.views  # RAM blocks and source bytes in file order, sent by one writev
 
     def release(self, request: Request, body: memoryview) -> None:
         fh = abi.RELEASE_IN.unpack_from(body)[0]

@@ -107,6 +107,11 @@ class BlockCache:
         with self._lock:
             block.pins -= 1
 
+    def pin(self, block: Block) -> None:
+        """One more pin of a block the caller already holds pinned (it stays until :meth:`unpin`)."""
+        with self._lock:
+            block.pins += 1
+
     # -- reservation --------------------------------------------------------------------------
     def reserve(
         self, file_key: Hashable, index: int, size: int, prefetched: bool, start: int | None = None

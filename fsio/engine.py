@@ -144,6 +144,16 @@ class OpenResult:
     """Attributes of the version opened."""
 
 
+class ReplyParts:
+    """The pieces of one read's reply when RAM blocks are sent without a copy (see read_into)."""
+
+    __slots__ = ("views", "blocks")
+
+    def __init__(self) -> None:
+        self.views: list[memoryview] = []
+        self.blocks: list[Block] = []
+
+
 @dataclass
 class FileEntry:
     """State of one open file version shared by its handles."""
@@ -390,11 +400,20 @@ class Engine:
         return bytes(buf[:n])
 
     def read_into(
-        self, fh: int, offset: int, dest: memoryview, path: str | None = None, expect: tuple | None = None
+        self,
+        fh: int,
+        offset: int,
+        dest: memoryview,
+        path: str | None = None,
+        expect: tuple | None = None,
+        parts: ReplyParts | None = None,
     ) -> int:
         """Fill ``dest`` with the file's bytes at ``offset``; returns the count (short only at EOF).
 
-        ``fh`` 0 is an open-less read (``fuse.no_open``) of *path* at version *expect*."""
+        ``fh`` 0 is an open-less read (``fuse.no_open``) of *path* at version *expect*. With
+        *parts*, bytes already in RAM blocks are not copied: *parts* receives, in file order, views
+        of the blocks (kept pinned) and of ``dest`` (for bytes read from the source), to be sent as
+        they are and then given back with :meth:`release_parts`."""
         entry = self._handles.get(fh) if fh else self._implicit_entry(path, expect)
         if entry is None:
             raise OSError(errno.EBADF, os.strerror(errno.EBADF))
@@ -408,6 +427,8 @@ class Engine:
         if entry.heads:
             n = self._serve_head(entry, offset, end, dest)
             if n >= 0:
+                if parts is not None:
+                    parts.views.append(dest[:n])
                 self.stats.request(n, n)
                 self._account_file(entry, n, 0)
                 return n
@@ -451,7 +472,7 @@ class Engine:
         else:
             demand = []
         try:
-            n, cached, direct = self._serve(entry, offset, end, dest, demand)
+            n, cached, direct = self._serve(entry, offset, end, dest, demand, parts)
         finally:
             for block in demand:
                 if block is not None:
@@ -459,6 +480,15 @@ class Engine:
         self.stats.request(n, cached)
         self._account_file(entry, n, direct)
         return n
+
+    def release_parts(self, parts: ReplyParts) -> None:
+        """The reply built from *parts* was sent: release its views and unpin its blocks."""
+        for view in parts.views:
+            view.release()
+        parts.views.clear()
+        for block in parts.blocks:
+            self.cache.unpin(block)
+        parts.blocks.clear()
 
     def _account_file(self, entry: FileEntry, delivered: int, direct: int, flush: bool = False) -> None:
         """Per-file bytes for the top-files table, summed per entry (its own lock) and handed to the
@@ -484,8 +514,11 @@ class Engine:
             out.append(block)
         return out
 
-    def _serve(self, entry: FileEntry, offset: int, end: int, dest: memoryview, demand: list) -> tuple[int, int, int]:
-        """Fill ``dest`` with [offset, end) block by block; returns (bytes, from RAM cache, from the source)."""
+    def _serve(
+        self, entry: FileEntry, offset: int, end: int, dest: memoryview, demand: list, parts: ReplyParts | None
+    ) -> tuple[int, int, int]:
+        """Fill ``dest`` (or *parts*) with [offset, end) block by block; returns (bytes, from RAM
+        cache, from the source)."""
         bs = self.block_size
         pos = offset
         cached = direct = 0
@@ -502,7 +535,7 @@ class Engine:
             n = -1  # -1: this part comes from the source directly (no block, or its fill failed)
             if block is not None:
                 try:
-                    n, from_cache = self._copy_block(entry, block, pos, stop, dest[pos - offset :], timeout)
+                    n, from_cache = self._copy_block(entry, block, pos, stop, dest[pos - offset :], timeout, parts)
                 finally:
                     if pinned_here:
                         self.cache.unpin(block)
@@ -510,6 +543,8 @@ class Engine:
             if n < 0:
                 n = self._read_direct(entry, pos, dest[pos - offset : stop - offset])
                 direct += n
+                if parts is not None and n:
+                    parts.views.append(dest[pos - offset : pos - offset + n])
             pos += n
             if pos < stop:  # end of file reached early
                 break
@@ -533,7 +568,14 @@ class Engine:
         return n if n == end - offset else -1
 
     def _copy_block(
-        self, entry: FileEntry, block: Block, pos: int, stop: int, dest: memoryview, timeout: float | None
+        self,
+        entry: FileEntry,
+        block: Block,
+        pos: int,
+        stop: int,
+        dest: memoryview,
+        timeout: float | None,
+        parts: ReplyParts | None = None,
     ) -> tuple[int, int]:
         """Copy [pos, stop) of the file from ``block`` to ``dest``, waiting for its fill.
 
@@ -558,7 +600,12 @@ class Engine:
         n = max(0, min(stop, block_start + block.length) - pos)
         if n == 0:
             return 0, 0
-        dest[:n] = block.view[pos - block_start : pos - block_start + n]
+        if parts is None:
+            dest[:n] = block.view[pos - block_start : pos - block_start + n]
+        else:  # sent from the block itself, which stays pinned until the reply is written
+            self.cache.pin(block)
+            parts.blocks.append(block)
+            parts.views.append(block.view[pos - block_start : pos - block_start + n])
         if block.prefetched and not block.used:
             self.stats.add(m.BYTES_PREFETCH_USED, block.length)
         block.used = True

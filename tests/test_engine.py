@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from fastfs.config import load_config
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import READY, BlockCache
-from fastfs.fsio.engine import Engine
+from fastfs.fsio.engine import Engine, ReplyParts
 
 MIB = 1024 * 1024
 
@@ -564,6 +564,34 @@ def test_block_fills_are_split_over_streams_and_a_failed_piece_fails_the_block(d
         if block is not None:  # fetched again after the failure: whole and right
             assert block.done.wait(10) and block.state == READY
             assert bytes(block.view[: block.length]) == expected[4 * MIB : 8 * MIB]
+        engine.release(r.fh)
+    finally:
+        engine.close()
+
+
+def test_reads_from_ram_blocks_are_sent_without_a_copy(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path, **{"cache.budget": "64M"})
+    data = (data_dir / "big").read_bytes()
+    try:
+        engine.warm("/big")
+        r = engine.open("/big")
+        dest = memoryview(bytearray(3 * MIB))
+        parts = ReplyParts()
+        offset = MIB // 2  # spans block boundaries
+        n = engine.read_into(r.fh, offset, dest, parts=parts)
+        assert n == 3 * MIB
+        assert b"".join(parts.views) == data[offset : offset + n]
+        assert bytes(dest[:16]) == bytes(16)  # nothing was copied into the buffer
+        assert len(parts.blocks) == 4 and all(b.pins >= 1 for b in parts.blocks)
+        blocks = list(parts.blocks)
+        engine.release_parts(parts)
+        assert all(b.pins == 0 for b in blocks) and parts.views == []
+        # bytes that are not in RAM come from the source into the buffer, in order with the rest
+        engine.cache.invalidate_file(r.key)
+        parts = ReplyParts()
+        n = engine.read_into(r.fh, len(data) - 5000, dest, parts=parts)
+        assert b"".join(parts.views) == data[-5000:] and n == 5000
+        engine.release_parts(parts)
         engine.release(r.fh)
     finally:
         engine.close()

@@ -79,12 +79,14 @@ _OUT_SIZE = _OUT.size
 class Request:
     """One request being served: its header fields and the worker serving it."""
 
-    __slots__ = ("unique", "opcode", "nodeid", "uid", "gid", "pid", "worker")
+    __slots__ = ("unique", "opcode", "nodeid", "uid", "gid", "pid", "worker", "after")
 
     def __init__(self, unique: int, opcode: int, nodeid: int, uid: int, gid: int, pid: int, worker: Worker) -> None:
         self.unique, self.opcode, self.nodeid = unique, opcode, nodeid
         self.uid, self.gid, self.pid = uid, gid, pid
         self.worker = worker
+        self.after: Callable[[], None] | None = None
+        """Set by a handler whose reply refers to memory it must give back once the reply is written."""
 
     @property
     def buffer(self) -> memoryview:
@@ -307,14 +309,18 @@ class Session:
                         opcode, "%s failed with %s: %s; answered EIO", _name(opcode), type(e).__name__, e
                     )
                 worker.current = None
-                if worker.abandoned:
-                    break  # the watchdog answered this request already
-                if error:
-                    self._send(fd, unique, -error, ())
-                elif reply is None:
-                    self._send(fd, unique, 0, ())
-                elif reply is not NO_REPLY:
-                    self._send(fd, unique, 0, reply if isinstance(reply, list) else (reply,))
+                try:
+                    if worker.abandoned:
+                        break  # the watchdog answered this request already
+                    if error:
+                        self._send(fd, unique, -error, ())
+                    elif reply is None:
+                        self._send(fd, unique, 0, ())
+                    elif reply is not NO_REPLY:
+                        self._send(fd, unique, 0, reply if isinstance(reply, list) else (reply,))
+                finally:
+                    if request.after is not None:
+                        request.after()
         finally:
             with self._lock:
                 if worker in self._workers:
