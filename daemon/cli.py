@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level")
     m.add_argument("--log-file", metavar="F", help="log file (default: stderr; background: see above)")
+    _add_profile_options(m)
 
     u = sub.add_parser("umount", help="unmount MNT", description="Unmount MNT (recovers a mount whose daemon died).")
     u.add_argument("mountpoint", metavar="MNT")
@@ -117,6 +118,8 @@ def _mount_config(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, 
         overrides["log.level"] = args.log_level
     if args.log_file:
         overrides["log.file"] = os.path.abspath(args.log_file)
+    if getattr(args, "profile", None):
+        overrides["profile"] = args.profile
     config_path = os.path.abspath(args.config) if args.config else None
     config = load_config(config_path, overrides)
     if config.log.file and not os.path.isabs(config.log.file):
@@ -127,6 +130,8 @@ def _mount_config(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, 
 def cmd_mount(args: argparse.Namespace) -> int:
     from fastfs.daemon import mount
 
+    if getattr(args, "print_config", False):
+        return _print_config(args)
     config, config_path, overrides = _mount_config(args)
     source, mountpoint = args.source, args.mountpoint
     if source and not mountpoint:  # one argument: the mount point, the source comes from the config
@@ -198,6 +203,7 @@ def _daemonize(src: str, mnt: str, config: Any, kwargs: dict[str, Any]) -> int:
     finally:
         os.close(read_fd)
     if reply == "ok":
+        print(f"fastfs: mounted {src} on {mnt} (pid {pid}, log {log_file})", flush=True)
         return 0
     if reply is None:
         _kill_child(pid)
@@ -247,6 +253,56 @@ def _kill_child(pid: int) -> None:
         os.waitpid(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
+
+
+def _add_profile_options(m: argparse.ArgumentParser) -> None:
+    from fastfs.config.profiles import PROFILES
+
+    m.add_argument(
+        "--profile",
+        choices=list(PROFILES),
+        help="preset of settings for a workload, under the config file and -o (see --print-config)",
+    )
+    m.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective configuration as YAML (with where each setting comes from) and exit; "
+        "validates the config file and options without mounting",
+    )
+
+
+def _print_config(args: argparse.Namespace) -> int:
+    """``fastfs mount [SRC] [MNT] [--config F] [--profile P] [-o ...] --print-config``."""
+    from fastfs.config.loader import COMMAND_LINE, load_with_origins
+    from fastfs.config.render import render
+
+    _, config_path, overrides = _mount_config(args)  # validates exactly as a mount would
+    config, origins = load_with_origins(config_path, overrides, use_default_path=True)
+    source, mountpoint = args.source, args.mountpoint
+    if source and not mountpoint:
+        source, mountpoint = None, source
+    paths = {k: os.path.abspath(v) for k, v in (("source", source), ("mountpoint", mountpoint)) if v}
+    if paths:
+        config = dataclasses.replace(config, **paths)
+        origins.update(dict.fromkeys(paths, COMMAND_LINE))
+    layers = ["defaults"]
+    if config.profile:
+        layers.append(f"profile {config.profile}")
+    file = config_path or load_default_path()
+    if file:
+        layers.append(file)
+    if overrides or paths:
+        layers.append(COMMAND_LINE)
+    header = "fastfs effective configuration (" + " < ".join(layers) + ")"
+    sys.stdout.write(render(config, origins, header))
+    return 0
+
+
+def load_default_path() -> str | None:
+    """The default config file when it exists (what `fastfs mount` reads without --config)."""
+    from fastfs.config.loader import DEFAULT_PATH
+
+    return DEFAULT_PATH if os.path.isfile(DEFAULT_PATH) else None
 
 
 # -- umount ---------------------------------------------------------------------------------------
