@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastfs.daemon import fusebind
+from fastfs.daemon import fusebind, ownership
 from fastfs.daemon.fusebind import FUSE, FuseOSError, Operations
 
 log = logging.getLogger("fastfs.ops")
@@ -170,6 +170,7 @@ class FastOps(Operations):
         self._nofh_stats: bytes | None = None
         self._warm_pending: dict[str, tuple[float, bytes]] = {}
         self._started_ns = int(time.time() * 1e9)
+        self._ownership = ownership.Ownership.from_config(engine.config.fuse)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def init_with_config(self, conn_info: Any, config_3: Any) -> None:
@@ -228,7 +229,7 @@ class FastOps(Operations):
     def getattr(self, path: str, fh: Any = None) -> dict[str, int]:
         if _is_virtual(path):
             return self._virtual_attrs(path)
-        return attrs_of(self.engine.lstat(path))
+        return ownership.apply_attrs(attrs_of(self.engine.lstat(path)), self._ownership)
 
     @_translate
     def readdir(self, path: str, fh: Any = None) -> list[str]:
