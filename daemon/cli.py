@@ -108,7 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Install the fastfs@.service systemd unit and the mount.fuse.fastfs helper.",
     )
     i.add_argument("--prefix", default="/", help="install root (default /)")
+    _add_newcomer_commands(sub)
     return parser
+
+
+def _add_newcomer_commands(sub: Any) -> None:
+    """status, bench and completion (issue 17)."""
+    st = sub.add_parser(
+        "status",
+        help="list fastfs mounts with their health and cache",
+        description="List every fastfs mount on this machine (or those at MNT...): source, pid, uptime, cache use "
+        "and hit ratio; a dead or hung mount is flagged with the command that recovers it (exit status 1).",
+    )
+    st.add_argument("mountpoints", nargs="*", metavar="MNT", help="only these mounts")
+    st.add_argument("--json", action="store_true", help='print {"mounts": [...]} as JSON')
 
 
 # -- mount ----------------------------------------------------------------------------------------
@@ -364,12 +377,22 @@ def cmd_install_service(args: argparse.Namespace) -> int:
     return int(install(args) or 0)
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from fastfs.daemon import status
+
+    try:
+        return status.main(args)
+    except status.StatusError as e:
+        raise CliError(str(e)) from None
+
+
 COMMANDS = {
     "mount": cmd_mount,
     "umount": cmd_umount,
     "stats": cmd_stats,
     "warm": cmd_warm,
     "install-service": cmd_install_service,
+    "status": cmd_status,
 }
 
 
