@@ -123,6 +123,63 @@ def _add_newcomer_commands(sub: Any) -> None:
     st.add_argument("mountpoints", nargs="*", metavar="MNT", help="only these mounts")
     st.add_argument("--json", action="store_true", help='print {"mounts": [...]} as JSON')
 
+    from fastfs.daemon import bench
+
+    b = sub.add_parser(
+        "bench",
+        help="measure whether fastfs helps on your storage",
+        description="Read a large file and a directory of small files under PATH directly and through a "
+        "temporary fastfs mount, cold (as root: caches dropped machine-wide first) and hot, and print a table "
+        "and a verdict. Nothing under PATH is modified.",
+    )
+    b.add_argument("path", metavar="PATH", help="directory (or file) on the storage to measure")
+    b.add_argument(
+        "--large-bytes",
+        type=_size_arg,
+        default=bench.DEFAULT_LARGE_BYTES,
+        metavar="SIZE",
+        help="read at most SIZE of the large file (default 1G)",
+    )
+    b.add_argument(
+        "--small-files",
+        type=_positive_int,
+        default=bench.DEFAULT_SMALL_FILES,
+        metavar="N",
+        help=f"read at most N small files (default {bench.DEFAULT_SMALL_FILES})",
+    )
+    b.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    b.add_argument("--config", metavar="FILE", help="config of the temporary mount (as for mount)")
+    b.add_argument("--profile", choices=_profile_names(), help="profile of the temporary mount")
+    b.add_argument("-o", dest="options", action="append", default=[], metavar="KEY=VALUE[,...]", help="mount options")
+
+
+def _size_arg(text: str) -> int:
+    from fastfs.config.loader import parse_size
+
+    try:
+        value = parse_size(text, "size")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 256M, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _profile_names() -> list[str]:
+    from fastfs.config.profiles import PROFILES
+
+    return list(PROFILES)
+
 
 # -- mount ----------------------------------------------------------------------------------------
 def _mount_config(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]]:
@@ -269,11 +326,9 @@ def _kill_child(pid: int) -> None:
 
 
 def _add_profile_options(m: argparse.ArgumentParser) -> None:
-    from fastfs.config.profiles import PROFILES
-
     m.add_argument(
         "--profile",
-        choices=list(PROFILES),
+        choices=_profile_names(),
         help="preset of settings for a workload, under the config file and -o (see --print-config)",
     )
     m.add_argument(
@@ -377,6 +432,15 @@ def cmd_install_service(args: argparse.Namespace) -> int:
     return int(install(args) or 0)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from fastfs.daemon import bench
+
+    try:
+        return bench.main(args)
+    except bench.BenchError as e:
+        raise CliError(str(e)) from None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from fastfs.daemon import status
 
@@ -393,6 +457,7 @@ COMMANDS = {
     "warm": cmd_warm,
     "install-service": cmd_install_service,
     "status": cmd_status,
+    "bench": cmd_bench,
 }
 
 
