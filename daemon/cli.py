@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_newcomer_commands(sub: Any) -> None:
-    """status, bench and completion (issue 17)."""
+    """status, bench and completion."""
     st = sub.add_parser(
         "status",
         help="list fastfs mounts with their health and cache",
@@ -151,6 +151,14 @@ def _add_newcomer_commands(sub: Any) -> None:
     b.add_argument("--config", metavar="FILE", help="config of the temporary mount (as for mount)")
     b.add_argument("--profile", choices=_profile_names(), help="profile of the temporary mount")
     b.add_argument("-o", dest="options", action="append", default=[], metavar="KEY=VALUE[,...]", help="mount options")
+
+    c = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script: source <(fastfs completion bash), or save it as "
+        "/etc/bash_completion.d/fastfs.",
+    )
+    c.add_argument("shell", choices=("bash",), help="shell to complete in")
 
 
 def _size_arg(text: str) -> int:
@@ -441,6 +449,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from fastfs.config.loader import ALIASES, schema_keys
+    from fastfs.daemon.completion import bash_script
+
+    sys.stdout.write(bash_script(build_parser(), sorted({*ALIASES, *schema_keys()})))
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from fastfs.daemon import status
 
@@ -458,6 +474,7 @@ COMMANDS = {
     "install-service": cmd_install_service,
     "status": cmd_status,
     "bench": cmd_bench,
+    "completion": cmd_completion,
 }
 
 
