@@ -1,8 +1,11 @@
 # fastfs: two commands on a fresh machine (Debian bookworm, root):
-#   make demo   - install what is missing, mount an embedded example, load it through the mount, print stats
+#   make demo   - install what is missing, load a generated example directly and through fastfs, on emulated
+#                 latency-bound storage and on the local disk, print the speedups and stats
 #   make test   - install what is missing, lint, run the whole test suite (real FUSE mounts)
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
+# Quiet installs: no progress, no "running pip as root" / version / script-location warnings.
+PIP_INSTALL ?= $(PIP) install -q --disable-pip-version-check --root-user-action=ignore --no-warn-script-location
 APT_GET ?= apt-get
 
 .PHONY: system-deps setup demo test lint bench bench-deps bench-local bench-latency bench-formats bench-stats bench-matrix clean
@@ -15,7 +18,7 @@ system-deps:
 	@test -e /dev/fuse || { echo "fastfs: /dev/fuse is missing (load the fuse module)"; exit 1; }
 
 setup: system-deps
-	$(PIP) install -q -e '.[test,ml]'
+	$(PIP_INSTALL) -e '.[test,ml]'
 
 demo: setup
 	$(PYTHON) scripts/demo.py

@@ -2,16 +2,22 @@
 
 Order of precedence: schema defaults < YAML file (``--config`` or ``/etc/fastfs/fastfs.yaml`` when it
 exists) < command-line overrides (``-o section.key=value`` or a short alias such as ``budget=2G``).
+A ``profile`` (config file key, ``-o profile=NAME`` or ``--profile``) adds the settings of
+:mod:`fastfs.config.profiles` as a layer between the defaults and the file.
 Every problem (missing file, bad YAML, unknown key, wrong type, out-of-range value) raises
-:class:`ConfigError` whose message is one line naming the key.
+:class:`ConfigError` whose message is one line naming the key; a key set in the config file is
+located as ``FILE:LINE:``, and an unknown key or option gets the closest known name suggested.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import grp
 import os
+import pwd
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -51,16 +57,53 @@ ALIASES = {
     "log_file": "log.file",
     "metrics": "stats.metrics",
     "state_dir": "state.dir",
+    "uid": "fuse.uid",
+    "gid": "fuse.gid",
+    "umask": "fuse.umask",
+    "file_mode": "fuse.file_mode",
+    "dir_mode": "fuse.dir_mode",
 }
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+_MODE_RE = re.compile(r"^(?:0o)?([0-7]{1,4})$", re.IGNORECASE)
+# How close a misspelt key must be to a known one to be suggested (difflib ratio).
+SUGGEST_CUTOFF = 0.6
+# Where the origin of a value set on the command line is shown as (by --print-config).
+COMMAND_LINE = "command line"
 
 
 class ConfigError(Exception):
-    """A configuration problem, with a one-line message naming the key."""
+    """A configuration problem, with a one-line message naming the key (also as ``.key`` when known)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """``"; did you mean budget?"`` for the closest candidate, or ``""``."""
+    match = difflib.get_close_matches(str(name), list(candidates), n=1, cutoff=SUGGEST_CUTOFF)
+    return f"; did you mean {match[0]}?" if match else ""
+
+
+def schema_keys() -> dict[str, str]:
+    """Every settable dotted key (``cache.budget``, ``source``) -> its type name (``int``, ``Mode``...)."""
+    keys: dict[str, str] = {}
+    for f in dataclasses.fields(Config):
+        sub = _section_class(f.type)
+        if sub is None:
+            keys[f.name] = str(f.type)
+        else:
+            keys.update({f"{f.name}.{g.name}": str(g.type) for g in dataclasses.fields(sub)})
+    return keys
+
+
+def option_type(key: str) -> str | None:
+    """Type name of an ``-o`` key (alias or dotted), or None when it names no setting."""
+    return schema_keys().get(ALIASES.get(key, key))
 
 
 def one_line(text: object) -> str:
@@ -80,6 +123,37 @@ def parse_size(value: Any, key: str) -> int:
     if not m:
         raise ConfigError(f"{key}: expected a size such as 512M or 4G, got {value!r}")
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def parse_mode(value: Any, key: str) -> int:
+    """Octal permission bits: ``"0644"``, ``"644"``, ``"0o644"``, ``-1`` (unset) or an int -> int."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected octal permission bits such as 0644, got {value!r}", key)
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if text == "-1":
+        return -1
+    m = _MODE_RE.match(text)
+    if not m:
+        raise ConfigError(f"{key}: expected octal permission bits such as 0644, got {value!r}", key)
+    return int(m.group(1), 8)
+
+
+def parse_id(value: Any, key: str, user: bool) -> int:
+    """A numeric uid/gid, ``-1`` (unset), or a user / group name looked up now."""
+    kind = "user" if user else "group"
+    if isinstance(value, (bool, float, dict, list)):
+        raise ConfigError(f"{key}: expected a {kind} id or name, got {value!r}", key)
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    try:
+        return pwd.getpwnam(text).pw_uid if user else grp.getgrnam(text).gr_gid
+    except KeyError:
+        raise ConfigError(f"{key}: no {kind} named {text!r}", key) from None
 
 
 def _convert(value: Any, type_name: str, key: str) -> Any:
@@ -104,6 +178,10 @@ def _convert(value: Any, type_name: str, key: str) -> Any:
         if result != result or result in (float("inf"), float("-inf")):
             raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         return result
+    if type_name == "Mode":
+        return parse_mode(value, key)
+    if type_name in ("Uid", "Gid"):
+        return parse_id(value, key, user=type_name == "Uid")
     if type_name == "str":
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{key}: expected a string, got {type(value).__name__}")
@@ -118,14 +196,14 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
         key = f"{prefix}{name}"
         if not isinstance(name, str) or name not in fields:
             known = ", ".join(sorted(fields))
-            raise ConfigError(f"{key}: unknown key (known: {known})")
+            raise ConfigError(f"{key}: unknown key{did_you_mean(name, fields)} (known: {known})", key)
         ftype = fields[name].type
         sub = _section_class(ftype)
         if sub is not None:
             if value is None:
                 value = {}
             if not isinstance(value, Mapping):
-                raise ConfigError(f"{key}: expected a mapping of settings, got {type(value).__name__}")
+                raise ConfigError(f"{key}: expected a mapping of settings, got {type(value).__name__}", key)
             kwargs[name] = _build(sub, value, f"{key}.")
         else:
             kwargs[name] = _convert(value, str(ftype), key)
@@ -140,11 +218,17 @@ def _section_class(type_name: Any) -> type | None:
 
 
 def parse_overrides(items: list[str] | str | None) -> dict[str, str]:
-    """``["budget=2G,workers=8", "log.level=debug"]`` -> ``{"cache.budget": "2G", ...}``."""
+    """``["budget=2G,workers=8", "log.level=debug"]`` -> ``{"cache.budget": "2G", ...}``.
+
+    ``NAME`` alone means ``NAME=true`` and ``noNAME`` ``NAME=false``, for boolean settings only. An
+    option that names no setting (the closest is suggested) or a non-boolean one without a value is
+    a :class:`ConfigError`; values are checked by :func:`load_config`.
+    """
     if not items:
         return {}
     if isinstance(items, str):
         items = [items]
+    keys = schema_keys()
     result: dict[str, str] = {}
     for item in items:
         for part in str(item).split(","):
@@ -153,11 +237,17 @@ def parse_overrides(items: list[str] | str | None) -> dict[str, str]:
                 continue
             key, sep, value = part.partition("=")
             key = key.strip()
+            if not sep and key.startswith("no") and key != "no_open" and option_type(key[2:]) == "bool":
+                key, value, sep = key[2:], "false", "="
+            dotted = ALIASES.get(key, key)
+            type_name = keys.get(dotted)
+            if type_name is None:
+                raise ConfigError(f"-o {part}: unknown option{did_you_mean(key, [*ALIASES, *keys])}", dotted)
             if not sep:
+                if type_name != "bool":
+                    raise ConfigError(f"-o {key}: missing a value (write {key}=VALUE)", dotted)
                 value = "true"
-            if key.startswith("no") and not sep and ALIASES.get(key[2:]) and key != "no_open":
-                key, value = key[2:], "false"
-            result[ALIASES.get(key, key)] = value.strip()
+            result[dotted] = value.strip()
     return result
 
 
@@ -169,7 +259,7 @@ def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"{key}: {part} is not a section")
+                raise ConfigError(f"{key}: {part} is not a section", key)
             node = child
         node[parts[-1]] = value
     return nested
@@ -185,18 +275,24 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_yaml(path: str) -> dict[str, Any]:
-    """Parse a config file into a mapping (empty file: ``{}``)."""
+def _read_text(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            return f.read()
     except FileNotFoundError:
         raise ConfigError(f"config file {path}: not found") from None
     except IsADirectoryError:
         raise ConfigError(f"config file {path}: is a directory") from None
     except OSError as e:
         raise ConfigError(f"config file {path}: {e.strerror}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        raise ConfigError(one_line(f"config file {path}: invalid YAML: {e}")) from None
+
+
+def _parse_yaml(text: str, path: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
         raise ConfigError(one_line(f"config file {path}: invalid YAML: {e}")) from None
     if data is None:
         return {}
@@ -205,25 +301,103 @@ def read_yaml(path: str) -> dict[str, Any]:
     return dict(data)
 
 
+def read_yaml(path: str) -> dict[str, Any]:
+    """Parse a config file into a mapping (empty file: ``{}``)."""
+    return _parse_yaml(_read_text(path), path)
+
+
+def _positions(text: str) -> dict[str, tuple[int, str | None]]:
+    """Dotted key -> (1-based line of the key, raw text of its value when a scalar) of a YAML mapping."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:  # pragma: no cover - safe_load accepted the same text
+        return {}
+    out: dict[str, tuple[int, str | None]] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if not isinstance(node, yaml.MappingNode):
+            return
+        for knode, vnode in node.value:
+            if isinstance(knode, yaml.ScalarNode):
+                key = prefix + str(knode.value)
+                raw = vnode.value if isinstance(vnode, yaml.ScalarNode) else None
+                out[key] = (knode.start_mark.line + 1, raw)
+                walk(vnode, key + ".")
+
+    walk(root, "")
+    return out
+
+
+def _read_file(path: str) -> tuple[dict[str, Any], dict[str, tuple[int, str | None]]]:
+    """The file's mapping and key positions; octal-typed values are taken as written (``644``, ``022``)."""
+    text = _read_text(path)
+    data = _parse_yaml(text, path)
+    positions = _positions(text)
+    keys = schema_keys()
+    for key, (_, raw) in positions.items():
+        section, _, name = key.rpartition(".")
+        node = data.get(section) if section else data
+        if keys.get(key) == "Mode" and raw is not None and isinstance(node, dict) and isinstance(node.get(name), int):
+            node[name] = raw
+    return data, positions
+
+
+def _apply_profile(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """*data* over the settings of the profile it names (if any); returns it and the profile name."""
+    from fastfs.config.profiles import PROFILES
+
+    name = data.get("profile")
+    if name is None or name == "":
+        return data, None
+    if not isinstance(name, str) or name not in PROFILES:
+        known = ", ".join(PROFILES)
+        hint = did_you_mean(str(name), PROFILES)
+        raise ConfigError(f"profile: unknown profile {name!r}{hint} (known: {known})", "profile")
+    return _merge(_nest(PROFILES[name].values()), data), name
+
+
+def load_with_origins(
+    path: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    use_default_path: bool = True,
+) -> tuple[Config, dict[str, str]]:
+    """:func:`load_config` plus where each value not left at its default came from:
+    ``{dotted key: "profile NAME: why" | "FILE:LINE" | "command line"}``."""
+    data: dict[str, Any] = {}
+    positions: dict[str, tuple[int, str | None]] = {}
+    file = path or (DEFAULT_PATH if use_default_path and os.path.isfile(DEFAULT_PATH) else None)
+    if file:
+        data, positions = _read_file(file)
+    if overrides:
+        data = _merge(data, _nest(overrides))
+    overridden = set(overrides or ())
+    try:
+        data, profile = _apply_profile(data)
+        config = _build(Config, data, "")
+        config.validate()
+    except (ConfigError, ConfigValueError) as e:
+        message, key = one_line(e), getattr(e, "key", None)
+        if file and key in positions and key not in overridden:
+            message = f"{file}:{positions[key][0]}: {message}"
+        raise ConfigError(message, key) from None
+    origins: dict[str, str] = {}
+    if profile is not None:
+        from fastfs.config.profiles import PROFILES
+
+        origins.update({k: f"profile {profile}: {why}" for k, why in PROFILES[profile].reasons().items()})
+    keys = schema_keys()
+    origins.update({k: f"{file}:{line}" for k, (line, _) in positions.items() if k in keys})
+    origins.update({k: COMMAND_LINE for k in overridden})
+    return config, origins
+
+
 def load_config(
     path: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     use_default_path: bool = True,
 ) -> Config:
     """Build and validate a Config; raises :class:`ConfigError` with a one-line message."""
-    data: dict[str, Any] = {}
-    if path:
-        data = read_yaml(path)
-    elif use_default_path and os.path.isfile(DEFAULT_PATH):
-        data = read_yaml(DEFAULT_PATH)
-    if overrides:
-        data = _merge(data, _nest(overrides))
-    try:
-        config = _build(Config, data, "")
-        config.validate()
-    except ConfigValueError as e:
-        raise ConfigError(one_line(e)) from None
-    return config
+    return load_with_origins(path, overrides, use_default_path)[0]
 
 
 def parse_listen_address(text: str, key: str = "stats.metrics") -> tuple[str, int]:

@@ -3,7 +3,9 @@
 Every tunable of fastfs lives here, with its default and its valid range. The loader
 (:mod:`fastfs.config.loader`) builds these from YAML plus command-line overrides and calls
 :meth:`validate` on each section, so an out-of-range value is rejected before anything mounts.
-Sizes are bytes; YAML may write them as ``64M``, ``4GiB`` etc.
+Sizes are bytes; YAML may write them as ``64M``, ``4GiB`` etc. Fields typed :data:`Mode` are
+permission bits written in octal (``0644``, ``"644"``, ``0o644``); :data:`Uid` / :data:`Gid` are
+numeric ids or user / group names, resolved at load.
 """
 
 from __future__ import annotations
@@ -21,15 +23,37 @@ DEFAULT_BUDGET_FRACTION = 0.25
 DEFAULT_BUDGET_CAP = 4 * GIB
 # Smallest budget accepted: below two maximum windows prefetch would thrash.
 MIN_BUDGET = 16 * MIB
+# Largest uid / gid (2**32 - 1 is the kernel's "no id").
+MAX_ID = 2**32 - 2
+
+# Field types the loader parses specially (annotations are strings under postponed evaluation).
+Mode = int
+"""Permission bits, written in octal."""
+Uid = int
+"""A user id or user name; -1 where allowed means "as in the source"."""
+Gid = int
+"""A group id or group name; -1 where allowed means "as in the source"."""
 
 
 class ConfigValueError(ValueError):
-    """A value out of range; the message names the key (``section.field: why``)."""
+    """A value out of range; the message names the key (``section.field: why``), also as ``.key``."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def human_size(n: int) -> str:
+    """16777216 -> '16 MiB' (whole units where exact, else one decimal), for messages."""
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if abs(n) >= size:
+            return f"{n // size} {unit}" if n % size == 0 else f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def _check(cond: bool, key: str, why: str) -> None:
     if not cond:
-        raise ConfigValueError(f"{key}: {why}")
+        raise ConfigValueError(f"{key}: {why}", key)
 
 
 @dataclass(frozen=True)
@@ -45,7 +69,19 @@ class FuseConfig:
     read_ahead_kb: int = 1024
     """Written to the mount's /sys/class/bdi read_ahead_kb so the kernel sends 1 MiB requests (0: leave)."""
     allow_other: bool = False
-    """Let other users use the mount; then the kernel enforces source permissions (default_permissions)."""
+    """Let other users use the mount; then the kernel enforces the permissions shown (default_permissions):
+    the source's, or those set by uid, gid, file_mode, dir_mode and umask."""
+    uid: Uid = -1
+    """Owner shown for every file and directory (id or user name; -1: the source's owner). With
+    allow_other the kernel checks access against the shown owner and modes."""
+    gid: Gid = -1
+    """Group shown for every file and directory (id or group name; -1: the source's group)."""
+    file_mode: Mode = -1
+    """Permission bits shown for every non-directory, e.g. 0644 (-1: the source's bits; symlinks keep 0777)."""
+    dir_mode: Mode = -1
+    """Permission bits shown for every directory, e.g. 0755 (-1: the source's bits)."""
+    umask: Mode = 0
+    """Bits cleared from every shown mode after file_mode / dir_mode, e.g. 022 or 077 (0: none)."""
     no_open: bool = False
     """Answer open with ENOSYS so the kernel skips OPEN/RELEASE (faster small-file re-reads, but no
     close-to-open revalidation: a changed source file is seen only after attr_timeout)."""
@@ -67,6 +103,11 @@ class FuseConfig:
     entry of a tree walk)."""
 
     def validate(self) -> None:
+        for name in ("uid", "gid"):
+            _check(-1 <= getattr(self, name) <= MAX_ID, f"fuse.{name}", f"must be -1 (as the source) or 0..{MAX_ID}")
+        for name in ("file_mode", "dir_mode"):
+            _check(-1 <= getattr(self, name) <= 0o777, f"fuse.{name}", "must be -1 (as the source) or 0000..0777")
+        _check(0 <= self.umask <= 0o777, "fuse.umask", "must be between 0000 and 0777")
         for name in ("entry_timeout", "attr_timeout", "negative_timeout"):
             _check(0 <= getattr(self, name) <= 86400, f"fuse.{name}", "must be between 0 and 86400 seconds")
         _check(0 <= self.read_ahead_kb <= 65536, "fuse.read_ahead_kb", "must be between 0 and 65536")
@@ -88,7 +129,11 @@ class CacheConfig:
     """Threads issuing parallel preads to the source (16 overlaps 1.5 ms requests at ~400 MB/s each)."""
 
     def validate(self) -> None:
-        _check(self.budget == 0 or self.budget >= MIN_BUDGET, "cache.budget", f"must be 0 (auto) or >= {MIN_BUDGET}")
+        _check(
+            self.budget == 0 or self.budget >= MIN_BUDGET,
+            "cache.budget",
+            f"must be 0 (auto) or >= {human_size(MIN_BUDGET)} (got {human_size(self.budget)})",
+        )
         bs = self.block_size
         _check(
             64 * KIB <= bs <= 64 * MIB and bs & (bs - 1) == 0,
@@ -195,6 +240,9 @@ class Config:
     """Directory to mirror (a config used by the systemd unit names it; the CLI argument overrides)."""
     mountpoint: str = ""
     """Where to mount (as for source)."""
+    profile: str = ""
+    """Preset of settings for a workload: training, checkpoint or serving (config/profiles.py lists each
+    setting and why); it sits under this file's own settings and the command line's. Empty: none."""
     fuse: FuseConfig = field(default_factory=FuseConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     readahead: ReadaheadConfig = field(default_factory=ReadaheadConfig)
@@ -207,6 +255,10 @@ class Config:
             value = getattr(self, f.name)
             if dataclasses.is_dataclass(value):
                 value.validate()
+        if self.profile:
+            from fastfs.config.profiles import PROFILES
+
+            _check(self.profile in PROFILES, "profile", f"must be one of {', '.join(PROFILES)}")
         _check(self.readahead.max_window <= 1 * GIB, "readahead.max_window", "must be <= 1G")
 
 

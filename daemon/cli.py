@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level")
     m.add_argument("--log-file", metavar="F", help="log file (default: stderr; background: see above)")
+    _add_profile_options(m)
 
     u = sub.add_parser("umount", help="unmount MNT", description="Unmount MNT (recovers a mount whose daemon died).")
     u.add_argument("mountpoint", metavar="MNT")
@@ -107,7 +108,85 @@ def build_parser() -> argparse.ArgumentParser:
         description="Install the fastfs@.service systemd unit and the mount.fuse.fastfs helper.",
     )
     i.add_argument("--prefix", default="/", help="install root (default /)")
+    _add_newcomer_commands(sub)
     return parser
+
+
+def _add_newcomer_commands(sub: Any) -> None:
+    """status, bench and completion."""
+    st = sub.add_parser(
+        "status",
+        help="list fastfs mounts with their health and cache",
+        description="List every fastfs mount on this machine (or those at MNT...): source, pid, uptime, cache use "
+        "and hit ratio; a dead or hung mount is flagged with the command that recovers it (exit status 1).",
+    )
+    st.add_argument("mountpoints", nargs="*", metavar="MNT", help="only these mounts")
+    st.add_argument("--json", action="store_true", help='print {"mounts": [...]} as JSON')
+
+    from fastfs.daemon import bench
+
+    b = sub.add_parser(
+        "bench",
+        help="measure whether fastfs helps on your storage",
+        description="Read a large file and a directory of small files under PATH directly and through a "
+        "temporary fastfs mount, cold (as root: caches dropped machine-wide first) and hot, and print a table "
+        "and a verdict. Nothing under PATH is modified.",
+    )
+    b.add_argument("path", metavar="PATH", help="directory (or file) on the storage to measure")
+    b.add_argument(
+        "--large-bytes",
+        type=_size_arg,
+        default=bench.DEFAULT_LARGE_BYTES,
+        metavar="SIZE",
+        help="read at most SIZE of the large file (default 1G)",
+    )
+    b.add_argument(
+        "--small-files",
+        type=_positive_int,
+        default=bench.DEFAULT_SMALL_FILES,
+        metavar="N",
+        help=f"read at most N small files (default {bench.DEFAULT_SMALL_FILES})",
+    )
+    b.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    b.add_argument("--config", metavar="FILE", help="config of the temporary mount (as for mount)")
+    b.add_argument("--profile", choices=_profile_names(), help="profile of the temporary mount")
+    b.add_argument("-o", dest="options", action="append", default=[], metavar="KEY=VALUE[,...]", help="mount options")
+
+    c = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script: source <(fastfs completion bash), or save it as "
+        "/etc/bash_completion.d/fastfs.",
+    )
+    c.add_argument("shell", choices=("bash",), help="shell to complete in")
+
+
+def _size_arg(text: str) -> int:
+    from fastfs.config.loader import parse_size
+
+    try:
+        value = parse_size(text, "size")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 256M, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _profile_names() -> list[str]:
+    from fastfs.config.profiles import PROFILES
+
+    return list(PROFILES)
 
 
 # -- mount ----------------------------------------------------------------------------------------
@@ -117,6 +196,8 @@ def _mount_config(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, 
         overrides["log.level"] = args.log_level
     if args.log_file:
         overrides["log.file"] = os.path.abspath(args.log_file)
+    if getattr(args, "profile", None):
+        overrides["profile"] = args.profile
     config_path = os.path.abspath(args.config) if args.config else None
     config = load_config(config_path, overrides)
     if config.log.file and not os.path.isabs(config.log.file):
@@ -127,6 +208,8 @@ def _mount_config(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, 
 def cmd_mount(args: argparse.Namespace) -> int:
     from fastfs.daemon import mount
 
+    if getattr(args, "print_config", False):
+        return _print_config(args)
     config, config_path, overrides = _mount_config(args)
     source, mountpoint = args.source, args.mountpoint
     if source and not mountpoint:  # one argument: the mount point, the source comes from the config
@@ -198,6 +281,7 @@ def _daemonize(src: str, mnt: str, config: Any, kwargs: dict[str, Any]) -> int:
     finally:
         os.close(read_fd)
     if reply == "ok":
+        print(f"fastfs: mounted {src} on {mnt} (pid {pid}, log {log_file})", flush=True)
         return 0
     if reply is None:
         _kill_child(pid)
@@ -247,6 +331,54 @@ def _kill_child(pid: int) -> None:
         os.waitpid(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
+
+
+def _add_profile_options(m: argparse.ArgumentParser) -> None:
+    m.add_argument(
+        "--profile",
+        choices=_profile_names(),
+        help="preset of settings for a workload, under the config file and -o (see --print-config)",
+    )
+    m.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective configuration as YAML (with where each setting comes from) and exit; "
+        "validates the config file and options without mounting",
+    )
+
+
+def _print_config(args: argparse.Namespace) -> int:
+    """``fastfs mount [SRC] [MNT] [--config F] [--profile P] [-o ...] --print-config``."""
+    from fastfs.config.loader import COMMAND_LINE, load_with_origins
+    from fastfs.config.render import render
+
+    _, config_path, overrides = _mount_config(args)  # validates exactly as a mount would
+    config, origins = load_with_origins(config_path, overrides, use_default_path=True)
+    source, mountpoint = args.source, args.mountpoint
+    if source and not mountpoint:
+        source, mountpoint = None, source
+    paths = {k: os.path.abspath(v) for k, v in (("source", source), ("mountpoint", mountpoint)) if v}
+    if paths:
+        config = dataclasses.replace(config, **paths)
+        origins.update(dict.fromkeys(paths, COMMAND_LINE))
+    layers = ["defaults"]
+    if config.profile:
+        layers.append(f"profile {config.profile}")
+    file = config_path or load_default_path()
+    if file:
+        layers.append(file)
+    if overrides or paths:
+        layers.append(COMMAND_LINE)
+    header = "fastfs effective configuration (" + " < ".join(layers) + ")"
+    sys.stdout.write(render(config, origins, header))
+    return 0
+
+
+def load_default_path() -> str | None:
+    """The default config file when it exists (what `fastfs mount` reads without --config)."""
+    from fastfs.config.loader import DEFAULT_PATH
+
+    return DEFAULT_PATH if os.path.isfile(DEFAULT_PATH) else None
 
 
 # -- umount ---------------------------------------------------------------------------------------
@@ -308,12 +440,41 @@ def cmd_install_service(args: argparse.Namespace) -> int:
     return int(install(args) or 0)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from fastfs.daemon import bench
+
+    try:
+        return bench.main(args)
+    except bench.BenchError as e:
+        raise CliError(str(e)) from None
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from fastfs.config.loader import ALIASES, schema_keys
+    from fastfs.daemon.completion import bash_script
+
+    sys.stdout.write(bash_script(build_parser(), sorted({*ALIASES, *schema_keys()})))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from fastfs.daemon import status
+
+    try:
+        return status.main(args)
+    except status.StatusError as e:
+        raise CliError(str(e)) from None
+
+
 COMMANDS = {
     "mount": cmd_mount,
     "umount": cmd_umount,
     "stats": cmd_stats,
     "warm": cmd_warm,
     "install-service": cmd_install_service,
+    "status": cmd_status,
+    "bench": cmd_bench,
+    "completion": cmd_completion,
 }
 
 

@@ -104,6 +104,15 @@ def _inside(child: str, parent: str) -> bool:
     return child == parent or child.startswith(parent.rstrip("/") + "/")
 
 
+def _daemon_gone(mnt: str) -> bool:
+    """True when the FUSE mount at *mnt* has no daemon any more (statfs is never cached by the kernel)."""
+    try:
+        os.statvfs(mnt)
+    except OSError as e:
+        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    return False
+
+
 def check_paths(source: str, mountpoint: str) -> tuple[str, str]:
     """Validate SRC and MNT; returns their real paths or raises :class:`MountError` (one line)."""
     try:
@@ -128,6 +137,8 @@ def check_paths(source: str, mountpoint: str) -> tuple[str, str]:
         raise MountError(f"mountpoint {mountpoint} is not a directory")
     entry = find_mount(mnt)
     if entry is not None:
+        if entry.fstype.startswith("fuse") and _daemon_gone(mnt):  # stat may have come from the kernel's cache
+            raise MountError(f"mountpoint {mountpoint} is a dead mount (run: fastfs umount {mountpoint})")
         raise MountError(f"mountpoint {mountpoint} is already a mount point ({entry.fstype} from {entry.source})")
     try:
         if os.listdir(mnt):

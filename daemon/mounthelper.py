@@ -30,7 +30,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from fastfs.config.loader import ALIASES, ConfigError, load_config, one_line
+from fastfs.config.loader import ALIASES, ConfigError, did_you_mean, load_config, one_line, option_type, schema_keys
 
 PROG = "mount.fuse.fastfs"
 # mount(8) exit status for bad usage or options, and for a mount that failed (see mount(8) RETURN CODES).
@@ -66,6 +66,8 @@ UNSUPPORTED = {
 }
 # Top-level config keys that mount(8) passes as arguments instead.
 POSITIONAL_KEYS = ("source", "mountpoint")
+# Top-level config keys accepted as options (profile=training).
+TOP_LEVEL_OPTIONS = ("profile",)
 
 
 def _split(optstring: str) -> list[str]:
@@ -126,8 +128,12 @@ def map_options(optstring: str | None) -> tuple[str | None, dict[str, str], list
         if not sep and key.startswith("no") and key[2:] in ALIASES and key != "no_open":
             key, value = key[2:], "false"
         dotted = ALIASES.get(key, key)
-        if "." not in dotted or not all(dotted.split(".")):
-            errors.append(f"{key}: unknown option (use a fastfs option such as budget=2G or section.key=value)")
+        if ("." not in dotted and dotted not in TOP_LEVEL_OPTIONS) or not all(dotted.split(".")):
+            hint = did_you_mean(key, [*ALIASES, *schema_keys()])
+            errors.append(f"{key}: unknown option{hint} (use a fastfs option such as budget=2G or section.key=value)")
+            continue
+        if not sep and option_type(dotted) not in (None, "bool"):
+            errors.append(f"{key}: missing a value (write {key}=VALUE)")
             continue
         if "," in value:
             errors.append(f"{key}: values containing commas are not supported")
@@ -199,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     env.setdefault("PATH", DEFAULT_PATH)
     try:
-        done = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, timeout=MOUNT_TIMEOUT)
+        # `fastfs mount` reports success with one line; mount(8) helpers are silent unless -v
+        stdout = None if args.verbose else subprocess.DEVNULL
+        done = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, timeout=MOUNT_TIMEOUT)
     except subprocess.TimeoutExpired:
         print(f"{PROG}: fastfs mount did not finish within {MOUNT_TIMEOUT} s", file=sys.stderr)
         return EXIT_MOUNT_FAILED

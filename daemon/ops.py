@@ -43,6 +43,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from fastfs.daemon import ownership
 from fastfs.daemon.kernel import abi
 from fastfs.daemon.kernel.abi import Op
 from fastfs.daemon.kernel.session import NO_REPLY, Request
@@ -90,12 +91,13 @@ def _encode_dev(rdev: int) -> int:
     return ((minor & 0xFF) | (major << 8) | ((minor & ~0xFF) << 12)) & 0xFFFFFFFF
 
 
-def attr_fields(st: os.stat_result) -> tuple[int, ...]:
-    """``os.stat_result`` -> the fields of ``struct fuse_attr``, in order."""
+def attr_fields(st: os.stat_result, own: ownership.Ownership | None = None) -> tuple[int, ...]:
+    """``os.stat_result`` -> the fields of ``struct fuse_attr``, in order (ownership options applied)."""
     a_s, a_ns = divmod(st.st_atime_ns, 1_000_000_000)
     m_s, m_ns = divmod(st.st_mtime_ns, 1_000_000_000)
     c_s, c_ns = divmod(st.st_ctime_ns, 1_000_000_000)
     rdev = _encode_dev(st.st_rdev) if st.st_rdev else 0
+    mode, uid, gid = ownership.translate(st.st_mode, st.st_uid, st.st_gid, own)
     return (
         st.st_ino,
         st.st_size,
@@ -106,10 +108,10 @@ def attr_fields(st: os.stat_result) -> tuple[int, ...]:
         a_ns,
         m_ns,
         c_ns,
-        st.st_mode,
+        mode,
         st.st_nlink & 0xFFFFFFFF,
-        st.st_uid,
-        st.st_gid,
+        uid,
+        gid,
         rdev,
         st.st_blksize & 0xFFFFFFFF,
         0,
@@ -168,6 +170,7 @@ class KernelOps:
         self._warm_pending: dict[str, tuple[float, bytes]] = {}
         self._started_ns = time.time_ns()
         self._passthrough_failed = False
+        self._ownership = ownership.Ownership.from_config(fc)
 
     def handlers(self) -> dict[int, Any]:
         """Opcode -> handler, for :class:`~fastfs.daemon.kernel.session.Session`."""
@@ -206,11 +209,11 @@ class KernelOps:
     def _entry(self, nodeid: int, st: Any, entry_valid: tuple[int, int] | None = None) -> bytes:
         ev = entry_valid or self._entry_valid
         av = self._attr_valid
-        return abi.ENTRY_OUT.pack(nodeid, 0, ev[0], av[0], ev[1], av[1], *attr_fields(st))
+        return abi.ENTRY_OUT.pack(nodeid, 0, ev[0], av[0], ev[1], av[1], *attr_fields(st, self._ownership))
 
     def _attr(self, st: Any) -> bytes:
         av = self._attr_valid
-        return abi.ATTR_OUT.pack(av[0], av[1], 0, *attr_fields(st))
+        return abi.ATTR_OUT.pack(av[0], av[1], 0, *attr_fields(st, self._ownership))
 
     def lookup(self, request: Request, body: memoryview) -> bytes:
         name = _name(body)

@@ -135,6 +135,12 @@ def read_snapshot(mountpoint: str) -> dict[str, Any]:
     from fastfs.daemon.mount import FSTYPE, find_mount
 
     try:
+        os.stat(mountpoint)
+    except FileNotFoundError:
+        raise StatsError(f"{mountpoint} does not exist") from None
+    except OSError:
+        pass  # a dead mount (ENOTCONN) is reported below, with the command that recovers it
+    try:
         entry = find_mount(mountpoint)
     except OSError as e:
         raise StatsError(f"cannot read the mount table: {e.strerror}") from None

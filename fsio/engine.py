@@ -75,6 +75,7 @@ from fastfs.fsio.cache import FAILED, READY, Block, BlockCache, round_up
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED, RangePlan, ScanPolicy, StreamPolicy, choose_route
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.source import DIRECT_ALIGN, Source, SourceFile, split
+from fastfs.fsio.trace import DecisionLog
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +226,7 @@ class Engine:
         self._next_fh = 1
         self._closed = False
         self.passthrough_available = False  # set by the daemon when the kernel connection can do passthrough
+        self.trace = DecisionLog(log)  # --log-level debug: opens and pattern decisions, rate-limited
         self.learn = None
         self._saver: threading.Thread | None = None
         self._stop = threading.Event()
@@ -298,6 +300,7 @@ class Engine:
             self._next_fh += 1
             self._handles[fh] = entry
             backing_fd = entry.src.fd if passthrough and entry.src is not None else -1
+        self.trace("open %s: %d bytes, %s, %s", path, entry.size, route, "seen before" if cached else "first open")
         if passthrough:
             self.stats.add(m.OPENS_PASSTHROUGH)
             self.stats.add(m.BYTES_PASSTHROUGH_OPENED, entry.size)
@@ -463,6 +466,8 @@ class Engine:
                 self.stats.add(m.SEQ_RESETS)
             if plan.new_random:
                 self.stats.add(m.RANDOM_STREAMS)
+            if (plan.started or plan.reset or plan.new_random) and self.trace.enabled:
+                self._trace_stream(entry, offset, plan, planned)
             demand = self._reserve_demand(entry, offset, end) if sequential else []
             if ranges:
                 upto, complete = self._prefetch(entry, ranges)
@@ -489,6 +494,22 @@ class Engine:
         for block in parts.blocks:
             self.cache.unpin(block)
         parts.blocks.clear()
+
+    def _trace_stream(self, entry: FileEntry, offset: int, plan, planned: bool) -> None:
+        """Debug line of a stream decision (random reads: once per file version, they repeat)."""
+        where = "; inside the format plan, which decides what is fetched" if planned else ""
+        if plan.started:
+            self.trace("%s: sequential reads at offset %d: prefetching ahead%s", entry.path, offset, where)
+        elif plan.reset:
+            self.trace("%s: a sequential stream was dropped for a new read at offset %d", entry.path, offset)
+        else:
+            self.trace.once(
+                (entry.key, "random"),
+                "%s: read at offset %d continues no stream: served exactly, no prefetch until reads are sequential%s",
+                entry.path,
+                offset,
+                where,
+            )
 
     def _account_file(self, entry: FileEntry, delivered: int, direct: int, flush: bool = False) -> None:
         """Per-file bytes for the top-files table, summed per entry (its own lock) and handed to the
@@ -805,6 +826,7 @@ class Engine:
         except OSError:
             return
         if plan is None or not plan.ranges:
+            self.trace("%s: no known format in its first bytes: prefetch follows sequential reads only", entry.path)
             return
         self.stats.add(m.FORMAT_PLANS)
         self._fetch_heads(entry, plan)
@@ -818,6 +840,15 @@ class Engine:
             first = plan.ranges[0][0]
             lead = (first + FORMAT_INITIAL_LEAD) // self.block_size * self.block_size - first
             lead = lead if lead > 0 else FORMAT_INITIAL_LEAD
+        self.trace(
+            "%s: %s format plan of %d ranges (%d bytes, %d record headers): %s",
+            entry.path,
+            plan.format,
+            len(plan.ranges),
+            plan.total,
+            len(plan.heads),
+            "released whole, as the last load read it all" if whole else "released as the loader proves it reads on",
+        )
         with entry.lock:
             entry.range_plan = RangePlan(tuple(plan.ranges), lead, max_lead, whole=whole)
             ranges = entry.range_plan.advance()
@@ -906,12 +937,14 @@ class Engine:
             if self.learn.record_open(dir_path, name, size):
                 learned = self.learn.plan(dir_path)
         if learned is not None:
+            self.trace("%s: replaying the learned access set of last epoch (%d files)", dir_path, len(learned.names))
             names = self._stale_names(dir_path, learned.names)
             with ds.lock:
                 ds.queue.extend(n for n in names if n not in ds.policy.opened)
                 ds.known = max(ds.known, len(learned.names))
             self._pump(dir_path, ds)
         if start:
+            self.trace("%s: small-file scan: several of its files opened in a short span, fetching the rest", dir_path)
             self.stats.add(m.SCANS)
             if not self.pool.submit_prefetch(lambda: self._start_scan(dir_path, ds)):
                 with ds.lock:

@@ -140,3 +140,102 @@ def test_arbitrary_yaml_text_gives_config_or_one_line_error(tmp_path_factory, te
         load_config(str(path))
     except ConfigError as e:
         assert "\n" not in str(e)
+
+
+# -- messages that say what to do (issue 17) ----------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        (["budgt=1G"], "-o budgt=1G: unknown option; did you mean budget?"),
+        (["cache.bugdet=1G"], "did you mean cache.budget?"),
+        (["frobnicate=1"], "-o frobnicate=1: unknown option"),
+        (["budget"], "-o budget: missing a value (write budget=VALUE)"),
+        (["workers,budget=1G"], "-o workers: missing a value"),
+        (["nobudget"], "unknown option"),
+    ],
+)
+def test_bad_option_names_and_missing_values(options, needle):
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(options)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bare_boolean_options_still_mean_true_and_no_prefix_false():
+    assert parse_overrides(["allow_other,noformats,no_open"]) == {
+        "fuse.allow_other": "true",
+        "readahead.formats": "false",
+        "fuse.no_open": "true",
+    }
+
+
+def test_budget_error_is_in_human_units():
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"cache.budget": "1M"}, use_default_path=False)
+    assert str(e.value) == "cache.budget: must be 0 (auto) or >= 16 MiB (got 1 MiB)"
+
+
+@pytest.mark.parametrize(
+    ("text", "prefix", "needle"),
+    [
+        ("cache:\n  budget: 1G\n  bugdet: 2\n", ":3: ", "cache.bugdet: unknown key; did you mean budget?"),
+        ("fuse:\n  attr_timeout: 1\n\nreadahead:\n  enabld: false\n", ":5: ", "did you mean enabled?"),
+        ("cache:\n  workers: 0\n", ":2: ", "cache.workers: must be between 1 and 256"),
+        ("nosuch: 1\n", ":1: ", "nosuch: unknown key"),
+        ("cache: 5\n", ":1: ", "cache: expected a mapping"),
+        ("fuse:\n  umask: 999\n", ":2: ", "fuse.umask: expected octal"),
+    ],
+)
+def test_bad_key_in_a_file_names_file_and_line(tmp_path, text, prefix, needle):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    message = str(e.value)
+    assert message.startswith(path + prefix), message
+    assert needle in message and "\n" not in message
+
+
+def test_a_bad_value_overridden_on_the_command_line_is_not_blamed_on_the_file(tmp_path):
+    path = write(tmp_path, "cache:\n  workers: 8\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, {"cache.workers": "0"})
+    assert str(e.value).startswith("cache.workers: ")
+
+
+# -- ownership settings ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("yaml_value", "expected"),
+    [("022", 0o22), ("22", 0o22), ("'0022'", 0o22), ("0o022", 0o22), ("0", 0), ("'077'", 0o77), ("777", 0o777)],
+)
+def test_modes_in_yaml_are_octal_as_written(tmp_path, yaml_value, expected):
+    config = load_config(write(tmp_path, f"fuse:\n  umask: {yaml_value}\n  file_mode: 644\n  dir_mode: 0755\n"))
+    assert config.fuse.umask == expected
+    assert config.fuse.file_mode == 0o644 and config.fuse.dir_mode == 0o755
+
+
+def test_ownership_options_on_the_command_line():
+    config = load_config(
+        overrides=parse_overrides(["uid=1234,gid=root,umask=027,file_mode=0640,dir_mode=750"]), use_default_path=False
+    )
+    fc = config.fuse
+    assert (fc.uid, fc.gid, fc.umask, fc.file_mode, fc.dir_mode) == (1234, 0, 0o27, 0o640, 0o750)
+    assert load_config(overrides={"fuse.uid": "root"}, use_default_path=False).fuse.uid == 0
+    defaults = load_config(use_default_path=False).fuse
+    assert (defaults.uid, defaults.gid, defaults.file_mode, defaults.dir_mode, defaults.umask) == (-1, -1, -1, -1, 0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"fuse.umask": "8"}, "fuse.umask: expected octal"),
+        ({"fuse.file_mode": "1777"}, "fuse.file_mode: must be"),
+        ({"fuse.file_mode": "rw-r--r--"}, "fuse.file_mode: expected octal"),
+        ({"fuse.uid": "no-such-user-here"}, "fuse.uid: no user named"),
+        ({"fuse.gid": "no-such-group-here"}, "fuse.gid: no group named"),
+        ({"fuse.uid": "-2"}, "fuse.uid: must be"),
+        ({"fuse.gid": str(2**32)}, "fuse.gid: must be"),
+    ],
+)
+def test_bad_ownership_values(overrides, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=overrides, use_default_path=False)
+    assert needle in str(e.value) and "\n" not in str(e.value)

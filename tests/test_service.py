@@ -474,6 +474,10 @@ def test_cleanup_tolerates_bad_config(tmp_path: Path) -> None:
         ("metrics=127.0.0.1:9188", None, {"stats.metrics": "127.0.0.1:9188"}),
         ("budget=1G,budget=2G", None, {"cache.budget": "2G"}),
         ("default_permissions,fsname=data,subtype=fastfs", None, {}),
+        ("uid=1000,gid=100,umask=022,file_mode=0644,dir_mode=0755", None,
+         {"fuse.uid": "1000", "fuse.gid": "100", "fuse.umask": "022", "fuse.file_mode": "0644",
+          "fuse.dir_mode": "0755"}),
+        ("profile=training", None, {"profile": "training"}),
     ],
 )  # fmt: skip
 def test_map_options(optstring: str, config: str | None, overrides: dict[str, str]) -> None:
@@ -484,7 +488,8 @@ def test_map_options(optstring: str, config: str | None, overrides: dict[str, st
     ("optstring", "needle"),
     [
         ("ro,bogus=1", "bogus"),
-        ("ro,uid=1000", "uid"),
+        ("ro,budgt=1G", "did you mean budget"),
+        ("budget", "missing a value"),
         ("remount", "remount"),
         ("bind", "bind"),
         ("setuid=nobody", "setuid"),

@@ -1,0 +1,130 @@
+"""contrib/grafana/fastfs.json uses only metric and label names the daemon exports.
+
+The exported names come from a real scrape: an engine reads a few files (so every family, the
+histograms included, has samples), its snapshot goes through the daemon's registry, and the text
+is parsed with prometheus-client's parser. Every metric name in a panel's query, and every label
+the queries select, group or template on, must be among them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fastfs.config import load_config
+from fastfs.daemon import metrics
+from fastfs.fsio.engine import Engine
+
+DASHBOARD = Path(__file__).resolve().parent.parent / "contrib" / "grafana" / "fastfs.json"
+MIB = 1 << 20
+METRIC_RE = re.compile(r"\b(fastfs_[a-z0-9_]+|process_[a-z0-9_]+)\b")
+SELECTOR_LABEL_RE = re.compile(r"\{([^}]*)\}")
+GROUP_RE = re.compile(r"\bby \(([^)]*)\)")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[str], set[str]]:
+    """(sample names, label names) of a real scrape."""
+    tmp = tmp_path_factory.mktemp("dash")
+    src = tmp / "src"
+    src.mkdir()
+    (src / "big").write_bytes(bytes(range(256)) * (12 * MIB // 256))
+    for i in range(6):
+        (src / f"s{i}").write_bytes(b"x" * 3000)
+    config = load_config(overrides={"cache.budget": "64M", "state.dir": str(tmp / "state")}, use_default_path=False)
+    engine = Engine(str(src), config)
+    try:
+        for name in ("big", *(f"s{i}" for i in range(6))):
+            fh = engine.open("/" + name).fh
+            offset = 0
+            while chunk := engine.read(fh, offset, MIB):
+                offset += len(chunk)
+            engine.release(fh)
+        engine.stats.error("EIO")  # what a failed source read counts: the errors family gets a sample
+        text = generate_latest(metrics.make_registry(lambda: engine.snapshot(10), "/mnt/x")).decode()
+    finally:
+        engine.close()
+    names, labels = set(), set()
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            names.add(sample.name)
+            labels.update(sample.labels)
+    return names, labels
+
+
+def _strings(node: object, key: str) -> list[str]:
+    """Every string value stored under *key* anywhere in a JSON document."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == key and isinstance(v, str):
+                found.append(v)
+            found += _strings(v, key)
+    elif isinstance(node, list):
+        for v in node:
+            found += _strings(v, key)
+    return found
+
+
+def _queries(dashboard: dict) -> list[str]:
+    return _strings(dashboard.get("panels", []), "expr") + _strings(dashboard.get("templating", {}), "query")
+
+
+def test_dashboard_is_a_grafana_dashboard() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["title"] and dashboard["uid"] and dashboard["schemaVersion"] >= 30
+    panels = dashboard["panels"]
+    assert len(panels) >= 8 and len({p["id"] for p in panels}) == len(panels)
+    for panel in panels:
+        assert panel["title"] and panel["targets"] and panel["gridPos"]["w"] <= 24
+        assert all(t["expr"] and t["refId"] for t in panel["targets"])
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "mount"} <= variables
+
+
+def test_dashboard_uses_only_exported_metric_names(exported: tuple[set[str], set[str]]) -> None:
+    names, _ = exported
+    dashboard = json.loads(DASHBOARD.read_text())
+    used = {m for q in _queries(dashboard) for m in METRIC_RE.findall(q)}
+    assert used, "the dashboard queries no fastfs metric"
+    unknown = used - names
+    assert not unknown, f"not exported by the daemon: {sorted(unknown)}"
+    # the main families are all shown
+    for family in (
+        "fastfs_bytes_requested_total",
+        "fastfs_bytes_fetched_total",
+        "fastfs_cache_bytes",
+        "fastfs_cache_budget_bytes",
+        "fastfs_pread_duration_seconds_bucket",
+        "fastfs_patterns_total",
+        "fastfs_source_errors_total",
+    ):
+        assert family in used, family
+
+
+def test_dashboard_uses_only_exported_labels(exported: tuple[set[str], set[str]]) -> None:
+    _, labels = exported
+    labels = labels | {"le"}
+    dashboard = json.loads(DASHBOARD.read_text())
+    used: set[str] = set()
+    for query in _queries(dashboard):
+        for selector in SELECTOR_LABEL_RE.findall(query):
+            used.update(m.group(1) for m in re.finditer(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", selector))
+        for group in GROUP_RE.findall(query):
+            used.update(x.strip() for x in group.split(",") if x.strip())
+        used.update(re.findall(r"label_values\(\s*[a-z_]+\s*,\s*([a-z_]+)\s*\)", query))
+    legends = {m for f in _strings(dashboard["panels"], "legendFormat") for m in re.findall(r"\{\{(\w+)\}\}", f)}
+    assert "mount" in used
+    unknown = (used | legends) - labels
+    assert not unknown, f"labels the daemon does not export: {sorted(unknown)}"
+
+
+def test_the_name_check_catches_a_typo(exported: tuple[set[str], set[str]]) -> None:
+    names, _ = exported
+    assert "fastfs_bytes_requested_total" in names
+    assert not {m for m in METRIC_RE.findall("rate(fastfs_bytes_requestd_total[5m])")} <= names
