@@ -38,6 +38,8 @@ from fastfs.daemon.statscli import summary_line
 log = logging.getLogger("fastfs.mount")
 
 MOUNTINFO = "/proc/self/mountinfo"
+# The kernel's cap on pages per FUSE request (256 = 1 MiB unless an administrator raised it).
+MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
 FSTYPE = "fuse.fastfs"
 # Upper bound of one main-loop sleep, so queued signals are handled promptly even without a wake-up.
 MAIN_TICK = 1.0
@@ -294,6 +296,31 @@ class Daemon:
         self._wake.set()
 
     # -- threads --------------------------------------------------------------------------------
+    def _raise_page_limit(self) -> None:
+        """fuse.max_pages above the kernel's limit: raise the limit as root (said in the log), else warn."""
+        wanted = self.config.fuse.max_pages
+        try:
+            with open(MAX_PAGES_LIMIT) as f:
+                limit = int(f.read())
+        except (OSError, ValueError):
+            return
+        if wanted <= limit:
+            return
+        try:
+            with open(MAX_PAGES_LIMIT, "w") as f:
+                f.write(str(wanted))
+        except OSError as e:
+            log.warning(
+                "fuse.max_pages=%d exceeds %s (%d) and it cannot be raised (%s): requests stay at %d KiB",
+                wanted,
+                MAX_PAGES_LIMIT,
+                limit,
+                e.strerror,
+                limit * 4,
+            )
+            return
+        log.info("raised %s from %d to %d for fuse.max_pages (machine-wide)", MAX_PAGES_LIMIT, limit, wanted)
+
     def _serve(self) -> None:
         """Mount, answer INIT, start the workers, report readiness, wait for the connection to end."""
         from fastfs.daemon.kernel import fusemount
@@ -301,6 +328,7 @@ class Daemon:
         from fastfs.daemon.kernel.session import Session
 
         fc = self.config.fuse
+        self._raise_page_limit()
         try:
             try:
                 fd = fusemount.mount(self.mountpoint, self.mount_options())
