@@ -59,6 +59,11 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     (fstats.OPENS, "opens", "Files opened through the mount and served by fastfs."),
     (fstats.OPENS_PASSTHROUGH, "opens_passthrough", "Files opened by passthrough to the source file."),
     (fstats.BYTES_PASSTHROUGH_OPENED, "passthrough_opened_bytes", "Sizes of the files opened by passthrough."),
+    (
+        fstats.BYTES_PASSTHROUGH_WARMED,
+        "passthrough_warmed_bytes",
+        "Bytes of passthrough files asked into the source's page cache ahead of the reader.",
+    ),
     (fstats.TIMEOUTS, "read_timeouts", "Reads that failed because the source did not answer within read_timeout."),
 )
 # Source bytes by why they were read: fastfs_bytes_fetched_total{kind=...}.

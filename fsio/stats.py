@@ -46,6 +46,7 @@ LEARNED_WHOLE = "learned_whole_plans"  # format plans released whole at open: th
 OPENS = "opens"  # opens served by the engine (route "served")
 OPENS_PASSTHROUGH = "opens_passthrough"  # opens handed to the kernel as passthrough to the source file
 BYTES_PASSTHROUGH_OPENED = "bytes_passthrough_opened"  # sizes of the files opened by passthrough
+BYTES_PASSTHROUGH_WARMED = "bytes_passthrough_warmed"  # of those, asked into the source's page cache ahead
 TIMEOUTS = "read_timeouts"
 
 COUNTERS = (
@@ -73,6 +74,7 @@ COUNTERS = (
     OPENS,
     OPENS_PASSTHROUGH,
     BYTES_PASSTHROUGH_OPENED,
+    BYTES_PASSTHROUGH_WARMED,
     TIMEOUTS,
 )
 
