@@ -147,8 +147,8 @@ class KernelOps:
     ``session`` (set by the daemon before the first request) gives access to backing files and
     notifications; ``mount_info`` (source, mountpoint) is added to stats snapshots.
 
-    Concurrency: ``_lock`` guards ``_handles``, ``_virtual``, ``_listings``, ``_warm_pending`` and
-    ``_next_vfh``; the node table has its own lock; the engine documents its own.
+    Concurrency: ``_lock`` guards ``_handles``, ``_virtual``, ``_listings``, ``_warm_pending``,
+    ``_next_vfh``, ``_lookups`` and ``lookups_max``; the node table has its own lock; the engine documents its own.
     """
 
     def __init__(self, engine: Any, mount_info: dict[str, Any] | None = None, no_open: bool | None = None) -> None:
@@ -171,6 +171,8 @@ class KernelOps:
         self._started_ns = time.time_ns()
         self._passthrough_failed = False
         self._ownership = ownership.Ownership.from_config(fc)
+        self._lookups = 0  # lookups being answered now
+        self.lookups_max = 0  # most lookups answered at once (the kernel sends them in parallel)
 
     def handlers(self) -> dict[int, Any]:
         """Opcode -> handler, for :class:`~fastfs.daemon.kernel.session.Session`."""
@@ -227,6 +229,9 @@ class KernelOps:
         if parent_id == ROOT_ID and name == CONTROL_NAME:
             return self._entry(CONTROL_ID, self._virtual_stat(CONTROL_ID))
         parent = self._node(parent_id)
+        with self._lock:
+            self._lookups += 1
+            self.lookups_max = max(self.lookups_max, self._lookups)
         try:
             st = self.engine.lstat(join(parent.path, name))
         except FileNotFoundError:
@@ -234,6 +239,9 @@ class KernelOps:
                 # node id 0 with a timeout: the kernel caches the name as absent
                 return abi.ENTRY_OUT.pack(0, 0, *self._negative_valid[:1], 0, self._negative_valid[1], 0, *([0] * 16))
             raise
+        finally:
+            with self._lock:
+                self._lookups -= 1
         node = self.nodes.lookup(parent, name, st)
         return self._entry(node.nodeid, st)
 
@@ -439,23 +447,32 @@ class KernelOps:
         nodeid = request.nodeid
         listing = self._listing(nodeid, offset)
         parent = None if nodeid == CONTROL_ID else self._node(nodeid)
-        out = bytearray()
         base = abi.ENTRY_OUT.size + abi.DIRENT.size
-        for index in range(offset, len(listing)):
+        # the entries that fit, then their attributes in one go (in parallel on remote sources)
+        end, used = offset, 0
+        while end < len(listing):
+            rec = abi.rec_align(base + len(os.fsencode(listing[end][0])))
+            if used + rec > size:
+                break
+            used += rec
+            end += 1
+        stats: list[Any] = [None] * (end - offset)
+        if parent is not None:
+            wanted = [i for i in range(offset, end) if listing[i][0] not in (".", "..")]
+            found = self.engine.lstat_many([join(parent.path, listing[i][0]) for i in wanted])
+            for i, st in zip(wanted, found, strict=True):
+                stats[i - offset] = st
+        out = bytearray()
+        for index in range(offset, end):
             name, kind, ino = listing[index]
             raw = os.fsencode(name)
             rec = abi.rec_align(base + len(raw))
-            if len(out) + rec > size:
-                break
             entry = None
             if name not in (".", ".."):
                 if parent is None:
                     entry = self._entry(STATS_ID, self._virtual_stat(STATS_ID))
                 else:
-                    try:
-                        st = self.engine.lstat(join(parent.path, name))
-                    except OSError:
-                        st = None
+                    st = stats[index - offset]
                     if st is not None:
                         node = self.nodes.lookup(parent, name, st)  # counted: the kernel links it
                         entry = self._entry(node.nodeid, st)
@@ -574,6 +591,7 @@ class KernelOps:
                 kernel["flags"] = abi.flag_names(negotiated.flags)
                 kernel["max_read"] = negotiated.max_read
             kernel["nodes"] = len(self.nodes)
+            kernel["lookups_in_flight_max"] = self.lookups_max
             snap["kernel"] = kernel
         return snap
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import _thread
 import bisect
+import concurrent.futures
 import dataclasses
 import errno
 import functools
@@ -112,6 +113,8 @@ PASSTHROUGH_WARM_MIN = 8 * 1024 * 1024
 # Bytes per WILLNEED request of that warming: the kernel reads at most max(io_pages, ra_pages) of a
 # request (often 2-4 MiB) and submits it without waiting, so small requests in a row fill the device queue.
 PASSTHROUGH_WARM_CHUNK = 2 * 1024 * 1024
+# Source lstats in flight at once for one directory listing with attributes (overlaps ~1 ms round trips).
+LSTAT_PARALLEL = 16
 # Small files a scan keeps fetched ahead of the reader (bounds memory of huge directories).
 SCAN_LEAD_FILES = 4096
 # Scan fetches in flight per directory (enough to overlap 1.5 ms round trips).
@@ -232,6 +235,7 @@ class Engine:
         self._next_fh = 1
         self._closed = False
         self.passthrough_available = False  # set by the daemon when the kernel connection can do passthrough
+        self._metadata_threads: concurrent.futures.ThreadPoolExecutor | None = None  # made on first need
         self.trace = DecisionLog(log)  # --log-level debug: opens and pattern decisions, rate-limited
         self.learn = None
         self._saver: threading.Thread | None = None
@@ -245,6 +249,43 @@ class Engine:
         if meta is not None:
             return meta.st
         return self.source.lstat(path)
+
+    def lstat_many(self, paths: list[str]) -> list[os.stat_result | None]:
+        """lstat of each path (None where it failed), in order. On a source that is not local the
+        ones not known from a scan's metadata are asked in parallel (:data:`LSTAT_PARALLEL` at a
+        time): a directory listing with attributes then costs about one source round trip per
+        :data:`LSTAT_PARALLEL` entries instead of one per entry."""
+        out: list[os.stat_result | None] = [None] * len(paths)
+        missing = []
+        for i, path in enumerate(paths):
+            meta = self._fresh_meta(path)
+            if meta is not None:
+                out[i] = meta.st
+            else:
+                missing.append(i)
+        if len(missing) > 1 and not self.source.local:
+            results = list(self._meta_pool().map(self._lstat_or_none, [paths[i] for i in missing]))
+            for i, st in zip(missing, results, strict=True):
+                out[i] = st
+        else:
+            for i in missing:
+                out[i] = self._lstat_or_none(paths[i])
+        return out
+
+    def _lstat_or_none(self, path: str) -> os.stat_result | None:
+        try:
+            return self.source.lstat(path)
+        except OSError:
+            return None
+
+    def _meta_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """Threads for parallel metadata calls (not the pread pool: they must not queue behind prefetch)."""
+        with self._lock:
+            if self._metadata_threads is None:
+                self._metadata_threads = concurrent.futures.ThreadPoolExecutor(
+                    LSTAT_PARALLEL, thread_name_prefix="fastfs-meta"
+                )
+            return self._metadata_threads
 
     def scandir(self, path: str) -> list[tuple[str, int, int]]:
         """(name, type bits, inode) of a directory's entries (one source listing, no stat each)."""
@@ -1283,6 +1324,8 @@ class Engine:
         self._closed = True
         self._stop.set()
         self.pool.close()
+        if self._metadata_threads is not None:
+            self._metadata_threads.shutdown(wait=False, cancel_futures=True)
         self._save_learned()
         with self._lock:
             entries = list(self._entries.values())

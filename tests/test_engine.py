@@ -595,3 +595,31 @@ def test_reads_from_ram_blocks_are_sent_without_a_copy(data_dir, tmp_path):
         engine.release(r.fh)
     finally:
         engine.close()
+
+
+def test_lstat_many_overlaps_round_trips_on_remote_sources(data_dir, tmp_path, monkeypatch):
+    engine = make_engine(data_dir, tmp_path)
+    try:
+        real = engine.source.lstat
+
+        def slow(path):
+            time.sleep(0.1)
+            return real(path)
+
+        monkeypatch.setattr(engine.source, "lstat", slow)
+        names = sorted(os.listdir(data_dir / "small"))[:16]
+        paths = [f"/small/{n}" for n in names] + ["/small/missing"]
+        engine.source.local = True
+        t0 = time.monotonic()
+        serial = engine.lstat_many(paths)
+        serial_s = time.monotonic() - t0
+        engine.source.local = False
+        t0 = time.monotonic()
+        parallel = engine.lstat_many(paths)
+        parallel_s = time.monotonic() - t0
+        assert [st.st_ino for st in serial[:-1]] == [os.lstat(data_dir / "small" / n).st_ino for n in names]
+        assert serial[-1] is None and parallel[-1] is None
+        assert [st.st_ino for st in parallel[:-1]] == [st.st_ino for st in serial[:-1]]
+        assert serial_s > 1.6 and parallel_s < 0.6, (serial_s, parallel_s)
+    finally:
+        engine.close()
