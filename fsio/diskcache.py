@@ -426,6 +426,7 @@ class DiskStore:
                 self._c[MISSES] += 1
                 return None
             crcs = entry.crcs[first : last + 1]
+            verified = entry.verified
             self._index.move_to_end(key)
             self._changed = True
         lo, hi = first * CHUNK, min((last + 1) * CHUNK, size)
@@ -436,14 +437,16 @@ class DiskStore:
         except OSError:
             self._corrupt(entry)
             return None
+        trusted = False
         try:
             st = os.fstat(fd)
             ok = stat.S_ISREG(st.st_mode) and st.st_size == size and _pread_full(fd, target, lo) == len(target)
+            trusted = ok and verified is not None and _ident(st) == verified
         except OSError:
             ok = False
         finally:
             os.close(fd)
-        if ok:
+        if ok and not trusted:  # a file verified whole in this process and unchanged since needs no CRC
             for i, crc in enumerate(crcs):
                 if zlib.crc32(target[i * CHUNK : (i + 1) * CHUNK]) != crc:
                     ok = False
@@ -666,18 +669,33 @@ class DiskStore:
                 with self._lock:
                     self._c[WRITES_NO_ROOM] += 1
                 return
-            fd = self._open_for_write(entry)
+            creating = not entry.created
+            fd = self._open_for_write(entry, truncate=creating and offset + n < size)
             if fd < 0:
                 return
             try:
                 pos = 0
                 while pos < n:
                     pos += os.pwritev(fd, [view[pos:]], offset + pos)
-            finally:
+            except BaseException:
                 os.close(fd)
+                if creating:
+                    self._unlink_data(entry.id)
+                raise
+            os.close(fd)
             self._release(release)
             released = True
-            self._append(diskindex.rec_chunks(entry.id, first, crcs))
+            record = diskindex.rec_chunks(entry.id, first, crcs)
+            if creating:  # the file exists and holds this write: one append describes both
+                record = diskindex.rec_entry(entry.id, size, key) + record
+            try:
+                self._append(record)
+            except OSError:
+                if creating:
+                    self._unlink_data(entry.id)
+                raise
+            if creating and not self._created(entry):
+                return
             with self._lock:
                 self._pending -= spaced
                 self._written_since += spaced
@@ -713,16 +731,16 @@ class DiskStore:
         except Exception:
             log.exception("disk cache %s: release callback failed", self.path)
 
-    def _open_for_write(self, entry: Entry) -> int:
-        """The entry's data file opened for writing (created first if new); -1 when the entry was dropped."""
+    def _open_for_write(self, entry: Entry, truncate: bool) -> int:
+        """The entry's data file opened for writing, created (``truncate``: extended to the source's size)
+        if the entry has none yet; -1 when it vanished (the entry is dropped)."""
         sub = self._subdir(entry.id, create=True)
         name = diskdir.data_name(entry.id)
         if entry.created:
             try:
                 fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=sub)
             except FileNotFoundError:
-                if entry.live:
-                    self._corrupt(entry)
+                self._corrupt(entry)  # no-op when an eviction removed it meanwhile
                 return -1
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
@@ -732,26 +750,32 @@ class DiskStore:
             return fd
         try:
             fd = os.open(name, os.O_WRONLY | diskdir.FILE_CREATE, diskdir.FILE_MODE, dir_fd=sub)
-        except FileExistsError:  # an orphan of a crashed run whose ENTRY record was lost
+        except FileExistsError:  # an orphan of a crashed run whose records were lost
             os.unlink(name, dir_fd=sub)
             fd = os.open(name, os.O_WRONLY | diskdir.FILE_CREATE, diskdir.FILE_MODE, dir_fd=sub)
-        try:
-            os.ftruncate(fd, entry.size)
-            self._append(diskindex.rec_entry(entry.id, entry.size, entry.key))
-        except BaseException:
-            os.close(fd)
-            os.unlink(name, dir_fd=sub)
-            raise
+        if truncate:
+            try:
+                os.ftruncate(fd, entry.size)
+            except BaseException:
+                os.close(fd)
+                os.unlink(name, dir_fd=sub)
+                raise
+        return fd
+
+    def _created(self, entry: Entry) -> bool:
+        """The new data file and its ENTRY record exist: from now on an eviction unlinks it. When the
+        entry was evicted while being created (the evictor left the file to us), remove it; False then."""
         with self._lock:
             live = entry.live
             if live:
-                entry.created = True  # from now on an eviction unlinks the file; before, we do
+                entry.created = True
         if not live:
-            os.close(fd)
             self._unlink_data(entry.id)
-            self._append(diskindex.rec_drop(entry.id))
-            return -1
-        return fd
+            try:
+                self._append(diskindex.rec_drop(entry.id))
+            except OSError:
+                pass
+        return live
 
     def _verify(self, entry: Entry) -> None:
         """Read a complete entry back whole; mark it verified (for complete_fd) or drop it."""
