@@ -41,6 +41,8 @@ Crash safety (what guards what):
   complete entry. Verification runs on a writer thread; the first call for an unverified entry
   queues it and returns None (serve through :meth:`read_into` meanwhile), a later call gets the fd.
   After a restart every entry is unverified again, so a crash never leaves a file trusted unread.
+  :meth:`read_into` of such a verified entry skips the CRCs when the same ``fstat`` identity check
+  passes (the trust ``complete_fd`` gives FUSE passthrough anyway); otherwise it checks them.
 * Entry ids are never reused (``NEXT`` records reserve them in blocks ahead of use), so a data file
   name always means one entry; data files no live entry names are removed by a sweep at start.
 * A compaction writes ``journal.new``, fsyncs it, renames it over ``journal`` and fsyncs the
@@ -69,7 +71,7 @@ written and what is in flight. When a write would break the budget or the floor,
 used entries are evicted (whole entries); when that cannot make room the write is declined. Writer
 thread 0 re-checks periodically even when idle, so the floor is held while another program fills
 the disk (the tier shrinks, down to nothing). Metadata is bounded: at most ``max_entries`` entries
-(:data:`MAX_ENTRIES`, about 0.5 KiB of RAM each), 5 bytes of RAM per held 64 KiB chunk, and a journal
+(:data:`MAX_ENTRIES`, about 0.7 KiB of RAM each), 5 bytes of RAM per held 64 KiB chunk, and a journal
 compacted to its live size when it doubles.
 
 LRU order is kept in RAM (reads and writes refresh it); the journal keeps it as of the last
@@ -103,7 +105,7 @@ MIB = 1024 * 1024
 WRITERS = 2
 # Bytes of pinned cache blocks the write queue holds at most: one 64 MiB prefetch window, small next to 4 GiB.
 WRITE_QUEUE_BYTES = 64 * MIB
-# Entries (cached file versions) kept at most: ~0.5 KiB of RAM each, so 1 M is ~0.5 GiB at worst.
+# Entries (cached file versions) kept at most: ~0.7 KiB of RAM each (measured), so 1 M is ~0.7 GiB at worst.
 MAX_ENTRIES = 1_000_000
 # Seconds between statvfs checks (also while idle: another program may be filling the disk).
 SPACE_CHECK_INTERVAL = 1.0
@@ -265,6 +267,9 @@ class DiskStore:
                 raise DiskCacheError(f"{self.path}: in use by another fastfs process") from None
             self._open_layout()
             self._refresh_space()
+        except OSError as e:
+            self._close_fds()
+            raise DiskCacheError(f"{self.path}: cannot use the disk cache directory: {e.strerror or e}") from None
         except BaseException:
             self._close_fds()
             raise
@@ -410,8 +415,9 @@ class DiskStore:
     def read_into(self, key: tuple, offset: int, view: memoryview) -> int | None:
         """Fill ``view`` with the file's bytes from ``offset`` if held; returns the bytes filled
         (``len(view)``, less at the file's end), or None: not held, or held but failed its check (then
-        dropped; ``view``'s contents are undefined). Reads whole chunks and checks each one's CRC; an
-        aligned request (engine blocks) is read straight into ``view``, others through a scratch buffer."""
+        dropped; ``view``'s contents are undefined). Reads whole chunks and checks each one's CRC (not
+        for a file verified whole and unchanged since); an aligned request (engine blocks, whole small
+        files) is read straight into ``view``, others through a scratch buffer."""
         with self._lock:
             entry = self._index.get(key)
             if entry is None or not entry.created or offset < 0:
@@ -622,6 +628,9 @@ class DiskStore:
                     self._discard(drops)
                 if job is not None and job[0] == _PUT:
                     self._write(*job[1:])
+                elif job is not None and self._closing:
+                    with self._lock:
+                        job[1].verifying = False  # not worth delaying the close for
                 elif job is not None:
                     self._verify(job[1])
                 if w.index == 0 and self._clock() >= self._space_due:
