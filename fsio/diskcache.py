@@ -267,6 +267,8 @@ class DiskStore:
                 raise DiskCacheError(f"{self.path}: in use by another fastfs process") from None
             self._open_layout()
             self._refresh_space()
+            with self._lock:  # a journal may describe more than fits now (a crash, a lowered budget)
+                self._to_limits_locked(self._drops)
         except OSError as e:
             self._close_fds()
             raise DiskCacheError(f"{self.path}: cannot use the disk cache directory: {e.strerror or e}") from None
@@ -548,14 +550,7 @@ class DiskStore:
         self._refresh_space()
         victims: list[Entry] = []
         with self._lock:
-            self._evict_locked(victims, need=0, keep=None)
-            deficit = self._floor - (self._avail - self._pending)
-            while deficit > 0:
-                victim = self._victim_locked(None)
-                if victim is None:
-                    break
-                deficit -= victim.used
-                self._evict_one_locked(victim, victims)
+            self._to_limits_locked(victims)
         if victims:
             self._discard(victims)
             self._refresh_space()
@@ -878,6 +873,17 @@ class DiskStore:
             self._discard(victims)
             self._refresh_space()
         return 0
+
+    def _to_limits_locked(self, victims: list[Entry]) -> None:
+        """Evict LRU entries (lock held) until the index fits the entry cap, the budget and the floor."""
+        self._evict_locked(victims, need=0, keep=None)
+        deficit = self._floor - (self._avail - self._written_since - self._pending)
+        while deficit > 0:
+            victim = self._victim_locked(None)
+            if victim is None:
+                break
+            deficit -= victim.used
+            self._evict_one_locked(victim, victims)
 
     def _evict_locked(self, victims: list[Entry], need: int, keep: Entry | None, new: bool = False) -> bool:
         """Evict LRU entries (lock held) until ``need`` more bytes fit the budget and, with ``new``, one

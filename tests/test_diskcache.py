@@ -484,6 +484,28 @@ def test_budget_holds_with_lru_eviction(tmp_path):
         store.close()
 
 
+def test_reopen_with_more_than_fits_evicts_at_once(tmp_path):
+    """A journal can describe more than the budget allows (a crash between an eviction and its DROP
+    record, or a lowered budget): the store is within its limits as soon as it is open."""
+    store = open_store(tmp_path / "c", budget_bytes=64 * MIB)
+    files = [(make_key(i, 1 * MIB), content(f"o{i}", 1 * MIB)) for i in range(30)]
+    for key, data in files:
+        put_all(store, key, data)
+        assert store.flush(30)  # one at a time: LRU order is write order
+    store.close()
+    store = open_store(tmp_path / "c", budget_bytes=8 * MIB, max_entries=6)
+    try:
+        stats = store.stats()
+        assert stats[diskcache.USE] <= 8 * MIB and stats[diskcache.FILES] <= 6
+        assert store.flush(30) and tree_bytes(store.path) <= 8 * MIB
+        held = [i for i, (key, _d) in enumerate(files) if store.holds(key, 0, MIB)]
+        assert held == list(range(24, 30))  # the most recently written ones
+        for i in held:
+            assert read_all(store, files[i][0], MIB) == files[i][1]
+    finally:
+        store.close()
+
+
 def test_entry_cap_bounds_metadata(tmp_path):
     store = open_store(tmp_path / "c", max_entries=5)
     try:
