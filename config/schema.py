@@ -33,6 +33,10 @@ Uid = int
 """A user id or user name; -1 where allowed means "as in the source"."""
 Gid = int
 """A group id or group name; -1 where allowed means "as in the source"."""
+# Smallest disk-tier budget in bytes: below a few blocks per file the tier would only churn.
+MIN_DISK_BUDGET = 64 * MIB
+# Largest free-space floor share: a floor above this would leave the tier (almost) nothing.
+MAX_DISK_FLOOR_SHARE = 0.9
 
 
 class ConfigValueError(ValueError):
@@ -54,6 +58,33 @@ def human_size(n: int) -> str:
 def _check(cond: bool, key: str, why: str) -> None:
     if not cond:
         raise ConfigValueError(f"{key}: {why}", key)
+
+
+@dataclass(frozen=True)
+class Amount:
+    """A disk amount: ``bytes`` (a size) or ``share`` (a fraction in (0, 1] of something); one is 0."""
+
+    bytes: int = 0
+    share: float = 0.0
+
+
+def parse_amount(value: object, key: str) -> Amount:
+    """``100G`` / ``1073741824`` -> Amount(bytes=...); ``50%`` -> Amount(share=0.5); else ConfigValueError."""
+    text = str(value).strip()
+    if text.endswith("%"):
+        try:
+            pct = float(text[:-1])
+        except ValueError:
+            pct = float("nan")
+        if not 0 <= pct <= 100:  # also rejects nan
+            raise ConfigValueError(f"{key}: expected a share between 0% and 100%, got {value!r}")
+        return Amount(share=pct / 100)
+    from fastfs.config.loader import ConfigError, parse_size
+
+    try:
+        return Amount(bytes=parse_size(text, key))
+    except ConfigError as e:
+        raise ConfigValueError(f"{key}: expected a size such as 100G or a share such as 50%, got {value!r}") from e
 
 
 @dataclass(frozen=True)
@@ -127,12 +158,37 @@ class CacheConfig:
     """Unit of caching and of source preads; a power of two between 64 KiB and 64 MiB."""
     workers: int = 16
     """Threads issuing parallel preads to the source (16 overlaps 1.5 ms requests at ~400 MB/s each)."""
+    disk_dir: str = ""
+    """Local directory (e.g. NVMe scratch) of the disk cache tier, an absolute path; empty: no disk tier."""
+    disk_budget: str = "50%"
+    """Most disk the tier uses: a size (100G) or a share of the space it may use (its filesystem's free space
+    plus what it holds)."""
+    disk_free_floor: str = "10%"
+    """Free space on the disk tier's filesystem never used, held even while others fill it: a size or a share
+    of the filesystem's size."""
 
     def validate(self) -> None:
         _check(
             self.budget == 0 or self.budget >= MIN_BUDGET,
             "cache.budget",
             f"must be 0 (auto) or >= {human_size(MIN_BUDGET)} (got {human_size(self.budget)})",
+        )
+        _check(
+            not self.disk_dir or (self.disk_dir.startswith("/") and "\0" not in self.disk_dir),
+            "cache.disk_dir",
+            "must be an absolute path (or empty: off)",
+        )
+        budget = parse_amount(self.disk_budget, "cache.disk_budget")
+        _check(
+            budget.bytes >= MIN_DISK_BUDGET if not budget.share else budget.share > 0,
+            "cache.disk_budget",
+            f"must be a size >= {human_size(MIN_DISK_BUDGET)} or a share above 0%",
+        )
+        floor = parse_amount(self.disk_free_floor, "cache.disk_free_floor")
+        _check(
+            floor.share <= MAX_DISK_FLOOR_SHARE,
+            "cache.disk_free_floor",
+            f"must be a size or a share of at most {MAX_DISK_FLOOR_SHARE:.0%}",
         )
         bs = self.block_size
         _check(

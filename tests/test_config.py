@@ -78,6 +78,18 @@ def test_aliases_all_name_real_keys():
         ("log:\n  level: loud\n", "log.level: must be one of"),
         ("stats:\n  metrics: 'host:notaport'\n", "stats.metrics"),
         ("cache: 5\n", "cache: expected a mapping"),
+        ("cache:\n  disk_budget: lots\n", "cache.disk_budget: expected a size such as 100G or a share such as 50%"),
+        ("cache:\n  disk_budget: 10M\n", "cache.disk_budget: must be a size >= 64 MiB or a share above 0%"),
+        ("cache:\n  disk_budget: 0\n", "cache.disk_budget: must be a size >= 64 MiB"),
+        ("cache:\n  disk_budget: 0%\n", "cache.disk_budget: must be a size >= 64 MiB or a share above 0%"),
+        ("cache:\n  disk_budget: 150%\n", "cache.disk_budget: expected a share between 0% and 100%"),
+        ("cache:\n  disk_budget: -5%\n", "cache.disk_budget: expected a share between 0% and 100%"),
+        ("cache:\n  disk_budget: nan%\n", "cache.disk_budget: expected a share between 0% and 100%"),
+        ("cache:\n  disk_budget: '%'\n", "cache.disk_budget: expected a share"),
+        ("cache:\n  disk_free_floor: 95%\n", "cache.disk_free_floor: must be a size or a share of at most 90%"),
+        ("cache:\n  disk_free_floor: -1G\n", "cache.disk_free_floor: expected a size"),
+        ("cache:\n  disk_dir: relative/dir\n", "cache.disk_dir: must be an absolute path"),
+        ("cache:\n  disk_dir: [a, b]\n", "cache.disk_dir: expected a string"),
         ("- a\n- b\n", "top level must be a mapping"),
         ("cache: [\n", "invalid YAML"),
     ],
@@ -88,6 +100,19 @@ def test_bad_config_is_one_line_error_naming_the_key(tmp_path, text, needle):
     message = str(e.value)
     assert needle in message
     assert "\n" not in message
+
+
+def test_disk_tier_settings(tmp_path):
+    config = load_config(use_default_path=False)
+    assert (config.cache.disk_dir, config.cache.disk_budget, config.cache.disk_free_floor) == ("", "50%", "10%")
+    path = write(tmp_path, "cache:\n  disk_dir: /scratch/fastfs\n  disk_budget: 100G\n  disk_free_floor: 2.5%\n")
+    config = load_config(path)
+    assert config.cache.disk_dir == "/scratch/fastfs"
+    assert schema.parse_amount(config.cache.disk_budget, "k") == schema.Amount(bytes=100 * 1024 * MIB)
+    assert schema.parse_amount(config.cache.disk_free_floor, "k") == schema.Amount(share=0.025)
+    config = load_config(path, parse_overrides(["disk_budget=30%,disk_free_floor=20G,disk_dir=/nvme/c"]))
+    assert (config.cache.disk_dir, config.cache.disk_budget, config.cache.disk_free_floor) == ("/nvme/c", "30%", "20G")
+    assert load_config(write(tmp_path, "cache:\n  disk_budget: 1073741824\n")).cache.disk_budget == "1073741824"
 
 
 def test_missing_config_file(tmp_path):

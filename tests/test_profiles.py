@@ -146,7 +146,8 @@ def test_print_config_validates_a_config_file(tmp_path):
     result = run_cli("mount", "--config", bad, "--print-config")
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.strip() == (
-        f"fastfs: error: {bad}:4: cache.bugdet: unknown key; did you mean budget? (known: block_size, budget, workers)"
+        f"fastfs: error: {bad}:4: cache.bugdet: unknown key; did you mean budget? "
+        "(known: block_size, budget, disk_budget, disk_dir, disk_free_floor, workers)"
     )
 
 
