@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import os
 import select
 import signal
@@ -257,25 +256,13 @@ def cmd_umount(args: argparse.Namespace) -> int:
     entry = mount.find_mount(mnt)
     if entry is None:
         raise CliError(f"{args.mountpoint} is not mounted")
-    if not entry.fstype.startswith("fuse"):
+    if not mount.is_fastfs(entry):
         raise CliError(f"{args.mountpoint} is not a fastfs mount ({entry.fstype})")
-    target = entry.mountpoint
-    cmd = ["fusermount3", "-u"] + (["-z"] if args.lazy else []) + [target]
-    rc, err = mount.run_quiet(cmd)
+    rc, err = mount.unmount(mnt, lazy=args.lazy)
     if rc == 0:
         return 0
-    dead = False
-    try:
-        os.stat(target)
-    except OSError as e:
-        dead = e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    if dead or args.lazy:
-        rc2, err2 = mount.run_quiet(["umount", "-l", target])
-        if rc2 == 0:
-            return 0
-        err = err2 or err
     hint = " (files still open? use --lazy)" if "busy" in err.lower() else ""
-    raise CliError(f"cannot unmount {args.mountpoint}: {err or 'fusermount3 failed'}{hint}")
+    raise CliError(f"cannot unmount {args.mountpoint}: {err}{hint}")
 
 
 # -- stats / warm / install-service ---------------------------------------------------------------

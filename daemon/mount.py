@@ -110,6 +110,28 @@ def find_mount(path: str) -> MountEntry | None:
     return found
 
 
+def is_fastfs(entry: MountEntry | None) -> bool:
+    """True for a fastfs mount, live or dead (the kernel keeps the type of a mount whose daemon died).
+
+    This is the one test of "is this a fastfs mount" the daemon's commands use: other FUSE file
+    systems (sshfs, rclone, a storage emulator) have other types and are never touched.
+    """
+    return entry is not None and entry.fstype == FSTYPE
+
+
+def containing_mount(path: str) -> MountEntry | None:
+    """The mount holding *path*: the topmost mount on the longest mount point that is *path* or one of
+    its parents (after realpath of *path*), or None."""
+    target = os.path.realpath(path)
+    best: MountEntry | None = None
+    for entry in mounts():
+        point = entry.mountpoint
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best.mountpoint)):
+            best = entry
+    return best
+
+
 # -- validation -----------------------------------------------------------------------------------
 def _inside(child: str, parent: str) -> bool:
     return child == parent or child.startswith(parent.rstrip("/") + "/")
@@ -162,13 +184,40 @@ def run_quiet(cmd: list[str], timeout: float = UNMOUNT_TIMEOUT) -> tuple[int, st
     return r.returncode, one_line(r.stderr or r.stdout)
 
 
+def unmount(mountpoint: str, lazy: bool = False) -> tuple[int, str]:
+    """Unmount the fastfs mount on *mountpoint*: ``fusermount3 -u`` (``-z`` when *lazy*), then, for a dead
+    mount (its daemon gone) or a lazy request, ``umount -l``. Returns (0, "") or (status, one-line error).
+
+    Refuses (status 1, "... is not a fastfs mount") anything but a fastfs mount, so a foreign FUSE
+    file system is never unmounted by fastfs.
+    """
+    entry = find_mount(mountpoint)
+    if entry is None:
+        return 1, f"{mountpoint} is not mounted"
+    if not is_fastfs(entry):
+        return 1, f"{mountpoint} is not a fastfs mount"
+    target = entry.mountpoint
+    rc, err = run_quiet(["fusermount3", "-u"] + (["-z"] if lazy else []) + [target])
+    if rc == 0:
+        return 0, ""
+    dead = False
+    try:
+        os.stat(target)
+    except OSError as e:
+        dead = e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    if dead or lazy:
+        rc2, err2 = run_quiet(["umount", "-l", target])
+        if rc2 == 0:
+            return 0, ""
+        err = err2 or err
+    return rc or 1, err or "fusermount3 failed"
+
+
 def force_unmount(mountpoint: str) -> None:
-    """Best effort: ``fusermount3 -u``, then a lazy ``umount -l`` (used to clean up failed starts)."""
-    if find_mount(mountpoint) is None:
-        return
-    if run_quiet(["fusermount3", "-u", mountpoint])[0] == 0:
-        return
-    run_quiet(["umount", "-l", mountpoint])
+    """Best effort, for cleaning up a failed start: the fastfs mount on *mountpoint* (if any) is
+    unmounted, lazily when it is busy or dead. Never touches another file system."""
+    if unmount(mountpoint)[0] != 0 and is_fastfs(find_mount(mountpoint)):
+        unmount(mountpoint, lazy=True)
 
 
 # -- readiness reporting --------------------------------------------------------------------------

@@ -132,13 +132,13 @@ def format_top(snap: dict[str, Any], n: int) -> str:
 
 def read_snapshot(mountpoint: str) -> dict[str, Any]:
     """The snapshot of the fastfs mount at *mountpoint*; :class:`StatsError` otherwise."""
-    from fastfs.daemon.mount import FSTYPE, find_mount
+    from fastfs.daemon.mount import find_mount, is_fastfs
 
     try:
         entry = find_mount(mountpoint)
     except OSError as e:
         raise StatsError(f"cannot read the mount table: {e.strerror}") from None
-    if entry is None or entry.fstype != FSTYPE:
+    if not is_fastfs(entry):
         raise StatsError(f"{mountpoint} is not a fastfs mount")
     path = os.path.join(mountpoint, STATS_RELPATH)
     try:

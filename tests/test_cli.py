@@ -236,6 +236,22 @@ def test_umount_errors(tmp_path: Path) -> None:
     assert "not mounted" in _one_line_error(run_cli("umount", tmp_path / "missing"))
 
 
+def test_umount_leaves_other_fuse_file_systems_alone(tmp_path: Path) -> None:
+    """Issue 12 finding 2: another FUSE file system (here faultfs) is not unmounted, not even lazily."""
+    from faultfs import faultfs_mounted
+
+    backing, other = tmp_path / "backing", tmp_path / "other"
+    backing.mkdir()
+    other.mkdir()
+    (backing / "f").write_bytes(b"still here")
+    with faultfs_mounted(backing, other, tmp_path / "faultfs-work"):
+        for args in (["umount", other], ["umount", "--lazy", other]):
+            line = _one_line_error(run_cli(*args))
+            assert f"{other} is not a fastfs mount" in line, line
+            assert is_mounted(other)
+            assert (other / "f").read_bytes() == b"still here"
+
+
 def test_unmount_right_after_mounting_is_a_clean_stop(populated: Path, mnt: Path) -> None:
     # An unmount that lands before the daemon's own readiness poll sees the mount still ends in
     # exit 0: the mount was live (the kernel's INIT only reaches a mounted file system).
