@@ -136,6 +136,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         raise CliError("mount needs SRC and MNT (as arguments or as source/mountpoint in the config)")
     try:
         src, mnt = mount.check_paths(source, mountpoint)
+        mount.check_fuse_device()
     except mount.MountError as e:
         raise CliError(str(e)) from None
     config = dataclasses.replace(config, source=src, mountpoint=mnt)

@@ -38,12 +38,15 @@ from typing import Any
 from fastfs.config.loader import ConfigError, load_config, one_line, parse_listen_address
 from fastfs.config.schema import Config
 from fastfs.daemon import logsetup, notify
+from fastfs.daemon.control import CONTROL_NAME
 from fastfs.daemon.statscli import summary_line
 
 log = logging.getLogger("fastfs.mount")
 
 MOUNTINFO = "/proc/self/mountinfo"
 FSTYPE = "fuse.fastfs"
+# The FUSE device: libfuse (and fusermount3, with the caller's own rights) must open it read-write.
+FUSE_DEVICE = "/dev/fuse"
 # Seconds to wait for the kernel mount and libfuse init before giving up.
 READY_TIMEOUT = 60.0
 # Seconds between mountinfo polls while waiting for the mount (cheap; startup takes ~100 ms).
@@ -172,6 +175,19 @@ def check_paths(source: str, mountpoint: str) -> tuple[str, str]:
     if _inside(src, mnt):
         raise MountError(f"source {source} is inside mountpoint {mountpoint}")
     return src, mnt
+
+
+def check_fuse_device(path: str = FUSE_DEVICE) -> None:
+    """Raise :class:`MountError` when this process cannot open the FUSE device read-write.
+
+    libfuse opens it directly, and ``fusermount3`` opens it with the caller's rights too, so a user
+    without access would otherwise get only "libfuse failed (status N)", the cause being in the log.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:
+        raise MountError(f"cannot open {path}: {e.strerror} (FUSE needs read-write access to it)") from None
+    os.close(fd)
 
 
 # -- unmounting -----------------------------------------------------------------------------------
@@ -357,6 +373,13 @@ class Daemon:
             self.engine = Engine(self.source, self.config)
         except OSError as e:
             raise MountError(f"cannot open source {self.source}: {e.strerror or e}") from None
+        if os.path.lexists(os.path.join(self.source, CONTROL_NAME)):
+            log.warning(
+                "%s has an entry named %s: the name is reserved for fastfs's control directory, so it is "
+                "hidden and not reachable through the mount",
+                self.source,
+                CONTROL_NAME,
+            )
         self.ops = FastOps(self.engine, {"source": self.source, "mountpoint": self.mountpoint})
         self._invalidator = _Invalidator()
         self.engine.invalidate = self._invalidate_now
@@ -407,7 +430,7 @@ class Daemon:
         try:
             FastFUSE(self.ops, self.mountpoint, raw_fi=True, foreground=True, **self.fuse_options())
         except RuntimeError as e:
-            self._fuse_error = f"libfuse failed (status {e})"
+            self._fuse_error = f"libfuse failed (status {e}; its message is in the log)"
         except BaseException as e:  # noqa: BLE001 - reported as the mount's failure
             self._fuse_error = one_line(f"{type(e).__name__}: {e}")
         finally:

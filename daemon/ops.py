@@ -34,19 +34,25 @@ from collections.abc import Callable
 from typing import Any
 
 from fastfs.daemon import fusebind
+from fastfs.daemon.control import (
+    CONTROL_NAME,
+    STATS_DIR,
+    STATS_FILE,
+    STATS_NAME,
+    STATS_TOP_FILES,
+    XATTR_MAX,
+    XATTR_STATS,
+    XATTR_WARM,
+)
+from fastfs.daemon.control import is_control_path as _is_virtual
 from fastfs.daemon.fusebind import FUSE, FuseOSError, Operations
+from fastfs.fsio.stats import encode_bounded
 
 log = logging.getLogger("fastfs.ops")
 
-STATS_DIR = "/.fastfs"
-STATS_FILE = "/.fastfs/stats"
-STATS_NAME = "stats"
-XATTR_STATS = "user.fastfs.stats"
-XATTR_WARM = "user.fastfs.warm"
-ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
+__all__ = ["STATS_DIR", "STATS_FILE", "VIRTUAL_FH_BASE", "FastFUSE", "FastOps"]
 
-# Files listed in the stats snapshot: enough for `fastfs stats --top`, small enough for one xattr reply.
-STATS_TOP_FILES = 50
+ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
 # Handles of open stats snapshots start here, far above any handle the engine hands out.
 VIRTUAL_FH_BASE = 1 << 62
 # At most one log line per operation name in this many seconds for unexpected errors.
@@ -112,10 +118,6 @@ def _readonly(func: Callable[..., Any]) -> Callable[..., Any]:
         raise FuseOSError(errno.EROFS)
 
     return wrapper
-
-
-def _is_virtual(path: str) -> bool:
-    return path == STATS_DIR or path.startswith(STATS_DIR + "/")
 
 
 def attrs_of(st: os.stat_result) -> dict[str, int]:
@@ -236,7 +238,10 @@ class FastOps(Operations):
             return [".", "..", STATS_NAME]
         if _is_virtual(path):
             raise FuseOSError(errno.ENOTDIR)
-        return [".", "..", *self.engine.listdir(path)]
+        names = self.engine.listdir(path)
+        if path == "/" and CONTROL_NAME in names:  # reserved: the control directory stands there
+            names = [n for n in names if n != CONTROL_NAME]
+        return [".", "..", *names]
 
     @_translate
     def readlink(self, path: str) -> str:
@@ -279,7 +284,7 @@ class FastOps(Operations):
         if name == XATTR_STATS:
             if path != "/":
                 raise FuseOSError(ENOATTR)
-            return json.dumps(self.snapshot(), separators=(",", ":")).encode()
+            return encode_bounded(self.snapshot(), XATTR_MAX)
         if name == XATTR_WARM:
             return self._warm(path, size)
         if _is_virtual(path):

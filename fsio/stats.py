@@ -16,6 +16,7 @@ GIL) by snapshots.
 from __future__ import annotations
 
 import bisect
+import json
 import threading
 import time
 from typing import Any
@@ -211,6 +212,29 @@ class Stats:
                 for p, (f, d) in files
             ],
         }
+
+
+def encode_bounded(snap: dict[str, Any], limit: int) -> bytes:
+    """Compact JSON of *snap* in at most *limit* bytes: rows of ``top_files`` are dropped from the end
+    (the least fetched first) until it fits, and ``top_files_dropped`` says how many were (long paths
+    would otherwise make a snapshot too large for one extended attribute)."""
+    data = json.dumps(snap, separators=(",", ":")).encode()
+    rows = snap.get("top_files")
+    if len(data) <= limit or not rows:
+        return data
+    lo, hi = 0, len(rows) - 1  # the most rows that fit lies in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        trial = json.dumps(
+            {**snap, "top_files": rows[:mid], "top_files_dropped": len(rows) - mid}, separators=(",", ":")
+        )
+        if len(trial.encode()) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return json.dumps(
+        {**snap, "top_files": rows[:lo], "top_files_dropped": len(rows) - lo}, separators=(",", ":")
+    ).encode()
 
 
 def _quantile(counts: list[int], q: float) -> float | None:

@@ -494,3 +494,79 @@ def test_paths_from_config(populated: Path, mnt: Path, tmp_path: Path) -> None:
         assert not is_mounted(mnt)
     finally:
         force_unmount(mnt)
+
+
+# -- issue 12 finding 9: smaller ones ---------------------------------------------------------------
+def test_stats_xattr_fits_with_long_paths_in_the_top_table(src: Path, mnt: Path) -> None:
+    """The top-files table of long paths once made ``user.fastfs.stats`` larger than one xattr (E2BIG)."""
+    deep = src
+    for i in range(14):
+        deep = deep / (f"{i:02d}" + "d" * 240)
+    deep.mkdir(parents=True)
+    for i in range(50):
+        (deep / f"{i:02d}{'f' * 200}").write_bytes(b"x" * (1000 + i))
+    with mounted(src, mnt) as m:
+        for path in sorted(deep.iterdir()):
+            assert (mnt / path.relative_to(src)).read_bytes() == path.read_bytes()
+        snap = m.stats()  # os.getxattr: fails with E2BIG when the answer exceeds 64 KiB
+        assert snap["top_files"], snap
+        assert snap["top_files_dropped"] > 0
+        assert all(row["path"].startswith("/00d") for row in snap["top_files"])
+        result = run_cli("stats", mnt, "--top", "3")
+        assert result.returncode == 0, result.stderr
+        assert len(result.stdout.strip().splitlines()) == 4
+
+
+def test_source_entry_named_like_the_control_directory_is_hidden(src: Path, mnt: Path) -> None:
+    (src / ".fastfs").mkdir()
+    (src / ".fastfs" / "secret").write_bytes(b"shadowed")
+    (src / "visible").write_bytes(b"v")
+    with mounted(src, mnt) as m:
+        assert sorted(os.listdir(mnt)) == ["visible"]
+        assert os.listdir(mnt / ".fastfs") == ["stats"]
+        assert not (mnt / ".fastfs" / "secret").exists()
+        assert "counters" in json.loads((mnt / ".fastfs" / "stats").read_bytes())
+        assert "reserved" in m.log()
+
+
+def _nobody_can_open_fuse_device() -> bool:
+    from asuser import run_as
+
+    def probe() -> bool:
+        try:
+            os.close(os.open("/dev/fuse", os.O_RDWR))
+        except OSError:
+            return False
+        return True
+
+    return run_as(probe)
+
+
+def test_mount_without_access_to_the_fuse_device_names_the_cause() -> None:
+    """A background mount by a user who cannot open /dev/fuse said only "libfuse failed (status 4)"."""
+    from asuser import NOBODY, NOGROUP, run_as, shared_dir
+
+    # imported here: the child, as nobody, cannot read the interpreter's files under /root
+    from fastfs.daemon import cli, logsetup, mount, ops  # noqa: F401
+    from fastfs.fsio import engine, learn  # noqa: F401
+
+    if _nobody_can_open_fuse_device():
+        pytest.skip("/dev/fuse is open to every user here")
+    with shared_dir() as base:
+        for name in ("src", "mnt", "state"):
+            (base / name).mkdir()
+            os.chown(base / name, NOBODY, NOGROUP)
+        log = base / "state" / "log"
+
+        def mount_as_nobody() -> int:
+            os.environ["STATE_DIRECTORY"] = str(base / "state")
+            return cli.main(["mount", str(base / "src"), str(base / "mnt"), "--log-file", str(log)])
+
+        try:
+            result = run_as(mount_as_nobody, capture=True, timeout=90)
+        finally:
+            force_unmount(base / "mnt")
+        assert result["value"] == 1
+        lines = result["stderr"].strip().splitlines()
+        assert len(lines) == 1, result["stderr"]
+        assert "/dev/fuse" in lines[0] and "Permission denied" in lines[0], lines[0]
