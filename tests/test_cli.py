@@ -6,13 +6,14 @@ import errno
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import force_unmount, is_mounted, mounted, run_cli, wait_for
+from conftest import _session_state_dir, force_unmount, is_mounted, mounted, run_cli, wait_for
 
 DATA = os.urandom(3 * 1024 * 1024 + 123)
 # Seconds to wait for a daemon to exit or a log line to appear.
@@ -127,7 +128,8 @@ def test_mountpoint_already_mounted(populated: Path, mnt: Path, tmp_path: Path) 
 def test_help_names_the_background_log() -> None:
     result = run_cli("mount", "--help")
     assert result.returncode == 0
-    assert "/tmp/fastfs-" in " ".join(result.stdout.split())
+    text = " ".join(result.stdout.split())
+    assert "/var/log/fastfs/" in text and "0600" in text and "/tmp/" not in text
 
 
 def test_usage_error_is_one_line() -> None:
@@ -160,20 +162,106 @@ def test_background_mount_is_live_on_return_and_umount_works(populated: Path, mn
             os.kill(pid, signal.SIGKILL)
 
 
-def test_background_mount_default_log_file(populated: Path, tmp_path: Path) -> None:
-    mnt = tmp_path / f"bgmnt{os.getpid()}"
-    mnt.mkdir()
-    log = Path(f"/tmp/fastfs-{mnt.name}.log")
+def _session_state() -> Path:
+    return Path(_session_state_dir())
+
+
+def test_background_mounts_of_the_same_basename_get_their_own_private_logs(populated: Path, tmp_path: Path) -> None:
+    """Issue 12 finding 6: the default log was /tmp/fastfs-<basename>.log: predictable, shared by mounts
+    of the same basename, world-readable."""
+    name = f"samename{os.getpid()}"
+    mnts = [tmp_path / "a" / name, tmp_path / "b" / name]
+    logs_dir = _session_state() / "logs"
     try:
-        result = run_cli("mount", populated, mnt, timeout=90)
-        assert result.returncode == 0, result.stderr
-        assert (mnt / "sub" / "note.txt").read_text() == "note\n"
-        assert log.exists() and "mounted" in log.read_text()
-        assert run_cli("umount", mnt).returncode == 0
+        for mnt in mnts:
+            mnt.mkdir(parents=True)
+            result = run_cli("mount", populated, mnt, timeout=90)
+            assert result.returncode == 0, result.stderr
+            assert (mnt / "sub" / "note.txt").read_text() == "note\n"
+        assert not Path(f"/tmp/fastfs-{name}.log").exists()
+        logs = sorted(logs_dir.glob(f"{name}-*.log"))
+        assert len(logs) == 2, logs
+        for log in logs:
+            assert stat.S_IMODE(log.stat().st_mode) == 0o600
+        texts = [log.read_text() for log in logs]
+        for mnt in mnts:
+            assert sum(f"on {mnt}" in text for text in texts) == 1, texts
+        assert stat.S_IMODE(logs_dir.stat().st_mode) == 0o700
+        for mnt in mnts:
+            assert run_cli("umount", mnt).returncode == 0
+    finally:
+        for mnt in mnts:
+            force_unmount(mnt)
+        for log in logs_dir.glob(f"{name}-*.log"):
+            log.unlink()
+        Path(f"/tmp/fastfs-{name}.log").unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("which", ["override", "default"])
+def test_log_file_symlink_is_refused_and_its_target_untouched(populated: Path, mnt: Path, tmp_path: Path, which: str):
+    """Issue 12 finding 6: a symlink planted at the log path made the daemon append to its target."""
+    from fastfs.daemon import logsetup
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    victim.chmod(0o600)
+    if which == "override":
+        link = tmp_path / "planted.log"
+        args = ["--log-file", link]
+    else:
+        link = Path(logsetup.default_log_file(str(mnt), str(_session_state())))
+        link.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        args = []
+    link.symlink_to(victim)
+    try:
+        line = _one_line_error(run_cli("mount", populated, mnt, *args, timeout=90))
+        assert "symlink" in line, line
         assert not is_mounted(mnt)
+        assert victim.read_bytes() == b"precious\n"
     finally:
         force_unmount(mnt)
-        log.unlink(missing_ok=True)
+        link.unlink()
+
+
+def test_log_file_given_is_created_private(populated: Path, mnt: Path, tmp_path: Path) -> None:
+    log = tmp_path / "new.log"
+    try:
+        assert run_cli("mount", populated, mnt, "--log-file", log, timeout=90).returncode == 0
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600
+        assert run_cli("umount", mnt).returncode == 0
+    finally:
+        force_unmount(mnt)
+
+
+def test_default_log_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from fastfs.daemon import logsetup
+
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    a, b = logsetup.default_log_file("/x/mnt"), logsetup.default_log_file("/y/mnt")
+    assert a != b and os.path.basename(a).startswith("mnt-") and a.endswith(".log")
+    assert os.path.dirname(a) == ("/var/log/fastfs" if os.geteuid() == 0 else os.path.dirname(a))
+    assert logsetup.default_log_dir(str(tmp_path)) == str(tmp_path / "logs")
+    monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path}/s:{tmp_path}/t")
+    assert logsetup.default_log_dir() == f"{tmp_path}/s/logs"
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o777)
+    open_dir.chmod(0o777)
+    with pytest.raises(logsetup.LogFileError, match="not safe"):
+        logsetup.open_log_file(str(open_dir / "x.log"), default=True)
+
+
+def test_default_log_of_another_user_is_in_their_own_state_home(tmp_path: Path) -> None:
+    from asuser import run_as
+
+    from fastfs.daemon import logsetup
+
+    def where() -> str:
+        os.environ.pop("STATE_DIRECTORY", None)
+        os.environ.pop("XDG_STATE_HOME", None)
+        os.environ["HOME"] = "/home/someone"
+        return logsetup.default_log_dir()
+
+    assert run_as(where) == "/home/someone/.local/state/fastfs/logs"
 
 
 def test_background_mount_failure_reports_and_cleans_up(populated: Path, mnt: Path, tmp_path: Path) -> None:
