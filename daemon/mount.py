@@ -28,6 +28,7 @@ import dataclasses
 import errno
 import logging
 import os
+import resource
 import signal
 import stat
 import subprocess
@@ -188,6 +189,23 @@ def check_fuse_device(path: str = FUSE_DEVICE) -> None:
     except OSError as e:
         raise MountError(f"cannot open {path}: {e.strerror} (FUSE needs read-write access to it)") from None
     os.close(fd)
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise this process's soft limit on open descriptors to its hard limit; returns (before, after).
+
+    The usual soft limit of 1024 is far below what a mount serving hundreds of open files needs
+    (the engine sizes its descriptor budget from the limit in force when it starts).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as e:
+        log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, one_line(e))
+        return soft, soft
+    return soft, hard
 
 
 # -- unmounting -----------------------------------------------------------------------------------
@@ -557,6 +575,7 @@ class Daemon:
     # -- main -----------------------------------------------------------------------------------
     def run(self) -> int:
         """Mount and serve until unmounted or signalled; 0 after a clean stop, 1 if the mount failed."""
+        raise_fd_limit()
         self._start_engine()
         try:
             self._start_metrics()

@@ -564,3 +564,37 @@ def test_block_fills_are_split_over_streams_and_a_failed_piece_fails_the_block(d
         engine.release(r.fh)
     finally:
         engine.close()
+
+
+def test_block_read_streams_stay_within_the_mount_descriptor_budget(tmp_path):
+    """Issue 12 finding 8: extra block-read descriptors come from a per-mount budget; beyond it block
+    reads use each file's own descriptor (right bytes, no EMFILE) and closing returns them."""
+    from fastfs.fsio.source import Source, stream_fd_budget
+
+    assert stream_fd_budget(1024) == 480 and stream_fd_budget(10) == 0
+    root = tmp_path / "src"
+    root.mkdir()
+    data = {i: random.Random(i).randbytes(2 * MIB) for i in range(4)}
+    for i, payload in data.items():
+        (root / f"f{i}").write_bytes(payload)
+    source = Source(str(root), direct=True, streams=4, stream_budget=3)
+    files = [source.open_file(f"/f{i}") for i in range(4)]
+    try:
+        buf = mmap_buffer(MIB)
+        for i, f in enumerate(files):
+            for off in range(0, 2 * MIB, MIB):
+                assert f.read_into(off, memoryview(buf), aligned=True) == MIB
+                assert bytes(buf) == data[i][off : off + MIB]
+            assert source.stream_fds <= 3
+        assert source.stream_fds == 3
+    finally:
+        for f in files:
+            f.close()
+        source.close()
+    assert source.stream_fds == 0
+
+
+def mmap_buffer(size: int):
+    import mmap
+
+    return mmap.mmap(-1, size)

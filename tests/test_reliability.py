@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -663,3 +664,69 @@ def test_hung_reads_do_not_starve_other_files(faulty) -> None:
                 _bounded(lambda p=path: _read_file(p), READER_TIMEOUT)
                 == (fs.backing / f"h{i}" / "stuck.bin").read_bytes()
             )
+
+
+# -- descriptor limits (issue 12 finding 8) ------------------------------------------------------------
+# Size of each file held open: large enough that its first block is read as two pieces over two
+# extra source streams (three source descriptors per open file), sparse so the test stays small.
+FD_FILE_SIZE = 2 * MIB
+FD_EDGE = 64 * KIB
+
+
+def _nofile(soft: int, hard: int):
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _daemon_nofile(pid: int) -> tuple[int, int]:
+    with open(f"/proc/{pid}/limits") as f:
+        line = next(x for x in f if x.startswith("Max open files"))
+    soft, hard = line.split()[3:5]
+    return int(soft), int(hard)
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "files"),
+    [(1024, 0, 400), (384, 384, 150)],
+    ids=["soft-1024-raised", "hard-384-budgeted"],
+)
+def test_many_open_large_files_never_get_emfile(src: Path, mnt: Path, soft: int, hard: int, files: int) -> None:
+    """A reader holding many large files open got EMFILE once the daemon's source descriptors (about
+    five per large file) reached the soft limit: the daemon now raises it to the hard limit, and the
+    extra block-read streams draw from a budget that leaves room for every open file."""
+    hard = hard or resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard < 4 * soft and soft == 1024:
+        pytest.skip(f"the hard descriptor limit ({hard}) leaves nothing to raise")
+    payloads = {}
+    for i in range(files):
+        head, tail = rand_bytes(FD_EDGE, 500 + i), rand_bytes(FD_EDGE, 5000 + i)
+        with open(src / f"f{i:04d}.bin", "wb") as f:
+            f.write(head)
+            f.seek(FD_FILE_SIZE - FD_EDGE)
+            f.write(tail)
+        payloads[i] = (head, tail)
+    with mounted(src, mnt, preexec_fn=_nofile(soft, hard), options=["readahead.learn=false"]) as m:
+        fds: list[int] = []
+        errors: list[str] = []
+        try:
+            for i in range(files):
+                try:
+                    fd = os.open(m.mnt / f"f{i:04d}.bin", os.O_RDONLY)
+                except OSError as e:
+                    errors.append(f"open f{i:04d}: {_errname(e.errno)}")
+                    continue
+                fds.append(fd)
+                try:
+                    head = os.pread(fd, 2 * FD_EDGE, 0)
+                    tail = os.pread(fd, FD_EDGE, FD_FILE_SIZE - FD_EDGE)
+                except OSError as e:
+                    errors.append(f"read f{i:04d}: {_errname(e.errno)}")
+                    continue
+                assert head == payloads[i][0] + bytes(FD_EDGE), i
+                assert tail == payloads[i][1], i
+        finally:
+            for fd in fds:
+                os.close(fd)
+        assert errors == [], f"{len(errors)} failures, first: {errors[:5]}"
+        limits = _daemon_nofile(m.pid)
+        assert limits == (hard, hard), limits
+        assert _fd_count(m.pid) <= hard
