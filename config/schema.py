@@ -51,8 +51,13 @@ class FuseConfig:
     close-to-open revalidation: a changed source file is seen only after attr_timeout)."""
     threads: int = 16
     """FUSE worker threads (libfuse max_threads and max_idle_threads)."""
+    request_timeout: float = 120.0
+    """Seconds a metadata request (lookup, getattr, open, readdir) may wait for the source before it
+    fails with EIO (0: wait forever). Enforced by the kernel protocol layer's watchdog; the libfuse
+    binding does not enforce it yet (reads have their own bound, readahead.read_timeout)."""
 
     def validate(self) -> None:
+        _check(0 <= self.request_timeout <= 86400, "fuse.request_timeout", "must be between 0 and 86400 seconds")
         for name in ("entry_timeout", "attr_timeout", "negative_timeout"):
             _check(0 <= getattr(self, name) <= 86400, f"fuse.{name}", "must be between 0 and 86400 seconds")
         _check(0 <= self.read_ahead_kb <= 65536, "fuse.read_ahead_kb", "must be between 0 and 65536")
@@ -69,6 +74,9 @@ class CacheConfig:
     """Unit of caching and of source preads; a power of two between 64 KiB and 64 MiB."""
     workers: int = 16
     """Threads issuing parallel preads to the source (16 overlaps 1.5 ms requests at ~400 MB/s each)."""
+    file_workers: int = 12
+    """Source reads of one file that may run at once on each kind of pool worker (demand, prefetch):
+    a file whose source hangs holds at most this many, the rest stay for the other files."""
 
     def validate(self) -> None:
         _check(self.budget == 0 or self.budget >= MIN_BUDGET, "cache.budget", f"must be 0 (auto) or >= {MIN_BUDGET}")
@@ -79,6 +87,7 @@ class CacheConfig:
             "must be a power of two between 64K and 64M",
         )
         _check(1 <= self.workers <= 256, "cache.workers", "must be between 1 and 256")
+        _check(1 <= self.file_workers <= 256, "cache.file_workers", "must be between 1 and 256")
 
 
 @dataclass(frozen=True)

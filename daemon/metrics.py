@@ -58,6 +58,7 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     (fstats.LEARNED_FILES_USED, "learned_files_used", "Files of replayed learned access sets that were then read."),
     (fstats.OPENS, "opens", "Files opened through the mount."),
     (fstats.TIMEOUTS, "read_timeouts", "Reads that failed because the source did not answer within read_timeout."),
+    (fstats.FAST_FAILS, "reads_failed_fast", "Reads failed at once because earlier reads of the file were stuck."),
 )
 # Source bytes by why they were read: fastfs_bytes_fetched_total{kind=...}.
 _FETCHED_KINDS: tuple[tuple[str, str], ...] = (

@@ -46,6 +46,7 @@ LEARNED_FILES_USED = "learned_files_used"  # files of a replayed set that were t
 LEARNED_WHOLE = "learned_whole_plans"  # format plans released whole at open: the last load read it all
 OPENS = "opens"
 TIMEOUTS = "read_timeouts"
+FAST_FAILS = "reads_failed_fast"  # reads answered EIO at once: earlier reads of the file were stuck
 
 COUNTERS = (
     BYTES_REQUESTED,
@@ -71,6 +72,7 @@ COUNTERS = (
     LEARNED_WHOLE,
     OPENS,
     TIMEOUTS,
+    FAST_FAILS,
 )
 
 # Upper bounds (bytes) of the request-size histogram: 4K pages, 128K default read-ahead, 1M FUSE max.
