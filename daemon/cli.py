@@ -90,11 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser(
         "warm",
-        help="prefetch files or trees into a mount's cache",
-        description="Prefetch PATHs (inside fastfs mounts) into the cache now.",
+        help="prefetch files or trees into a mount's cache, report or drop what is cached",
+        description="Prefetch PATHs (inside fastfs mounts) into the cache now, as background jobs of the "
+        "daemon, with progress by files and bytes; --check reports how much is cached, --evict drops it. "
+        "Exit 1 when anything could not be cached.",
     )
-    w.add_argument("paths", nargs="+", metavar="PATH")
-    w.add_argument("-j", "--jobs", type=int, default=8, metavar="N", help="files warmed in parallel (default 8)")
+    from fastfs.daemon import warm
+
+    warm.add_arguments(w)
 
     i = sub.add_parser(
         "install-service",

@@ -633,6 +633,12 @@ class Daemon:
                 self.metrics_server.shutdown()
             except Exception as e:  # noqa: BLE001 - exit must proceed
                 log.warning("metrics endpoint shutdown failed: %s", one_line(e))
+        control = getattr(self.ops, "control", None)
+        if control is not None:
+            try:
+                control.close()  # warm jobs stop before the engine they use
+            except Exception as e:  # noqa: BLE001 - exit must proceed
+                log.warning("warm jobs shutdown failed: %s", one_line(e))
         if self.engine is not None:
             try:
                 self.engine.close()

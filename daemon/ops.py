@@ -8,12 +8,14 @@ with one rate-limited log line (there is no per-request logging).
 The mount is read-only: every write-type operation answers EROFS.
 
 A hidden virtual directory ``/.fastfs`` holds ``stats``: a JSON snapshot of the engine's counters
-plus the mount's identity. It is not listed by ``readdir("/")``, its reads never reach the engine
-(so they are not counted as data reads), and each open serves one consistent snapshot from memory
-with ``direct_io`` (the size reported by ``getattr`` is only an estimate of the next snapshot).
-Two extended attributes form a small control channel: ``user.fastfs.stats`` on the mount root
-returns the same snapshot, and ``user.fastfs.warm`` on any path prefetches that file or tree now and
-returns the engine's summary as JSON (used by ``fastfs warm``).
+plus the mount's identity. It is not listed by ``readdir("/")`` (a source entry of that name is
+hidden too), its reads never reach the engine (so they are not counted as data reads), and each
+open serves one consistent snapshot from memory with ``direct_io`` (the size reported by
+``getattr`` is only an estimate of the next snapshot). Control requests (the stats file, the
+``user.fastfs.*`` extended attributes of :mod:`fastfs.daemon.control`) are answered by a
+:class:`~fastfs.daemon.controller.Controller`; the only thing this adapter adds is the caller of
+the request (uid, gid, pid from the FUSE context, supplementary groups by
+:mod:`fastfs.daemon.caller`), which decides what the answer may contain.
 
 :class:`FastFUSE` replaces the binding's ``read`` so the engine fills libfuse's reply buffer in
 place (no intermediate ``bytes``), and ``fgetattr`` so ``struct stat`` is filled field by field.
@@ -24,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
-import json
 import logging
 import os
 import stat
@@ -34,19 +35,12 @@ from collections.abc import Callable
 from typing import Any
 
 from fastfs.daemon import fusebind
-from fastfs.daemon.control import (
-    CONTROL_NAME,
-    STATS_DIR,
-    STATS_FILE,
-    STATS_NAME,
-    STATS_TOP_FILES,
-    XATTR_MAX,
-    XATTR_STATS,
-    XATTR_WARM,
-)
+from fastfs.daemon.caller import caller_of
+from fastfs.daemon.control import CONTROL_NAME, STATS_DIR, STATS_FILE, STATS_NAME
 from fastfs.daemon.control import is_control_path as _is_virtual
+from fastfs.daemon.controller import Controller, is_control_xattr
 from fastfs.daemon.fusebind import FUSE, FuseOSError, Operations
-from fastfs.fsio.stats import encode_bounded
+from fastfs.fsio.access import ROOT, Caller
 
 log = logging.getLogger("fastfs.ops")
 
@@ -57,8 +51,6 @@ ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
 VIRTUAL_FH_BASE = 1 << 62
 # At most one log line per operation name in this many seconds for unexpected errors.
 ERROR_LOG_INTERVAL = 10.0
-# A warm result too large for the caller's first xattr buffer is kept this long for the retry.
-WARM_RESULT_TTL = 30.0
 # Largest read the allocating helper :meth:`FastOps.read` serves (kernel requests use read_into).
 MAX_READ_SIZE = 64 * 1024 * 1024
 
@@ -169,9 +161,11 @@ class FastOps(Operations):
         self._lock = threading.Lock()
         self._virtual: dict[int, bytes] = {}
         self._next_vfh = VIRTUAL_FH_BASE
-        self._nofh_stats: bytes | None = None
-        self._warm_pending: dict[str, tuple[float, bytes]] = {}
+        self._nofh_stats: dict[bool, bytes] = {}  # no_open mode: the stats file as sized by getattr,
+        # per view (complete or redacted)
         self._started_ns = int(time.time() * 1e9)
+        self.control = Controller(engine, self.mount_info)
+        self.context: Callable[[], tuple[int, int, int]] = fusebind.fuse_get_context
 
     # -- lifecycle ------------------------------------------------------------------------------
     def init_with_config(self, conn_info: Any, config_3: Any) -> None:
@@ -179,19 +173,22 @@ class FastOps(Operations):
         if self.on_init is not None:
             self.on_init(self.fuse_handle)
 
-    # -- stats snapshot -------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
-        """Engine snapshot plus the mount's identity."""
-        snap = self.engine.snapshot(STATS_TOP_FILES)
-        snap["mount"] = {
-            "source": self.mount_info.get("source", ""),
-            "mountpoint": self.mount_info.get("mountpoint", ""),
-            "pid": os.getpid(),
-        }
-        return snap
+    # -- caller and stats snapshot ---------------------------------------------------------------
+    def request_caller(self) -> tuple[Caller, int]:
+        """The caller of the current request and its pid; outside a request (a direct call from the
+        daemon itself) root."""
+        try:
+            uid, gid, pid = self.context()
+        except ValueError:  # no FUSE context: not a kernel request
+            return ROOT, 0
+        return caller_of(uid, gid, pid), pid
 
-    def _stats_bytes(self) -> bytes:
-        return (json.dumps(self.snapshot(), indent=1) + "\n").encode()
+    def snapshot(self) -> dict[str, Any]:
+        """Complete engine snapshot plus the mount's identity (metrics, status lines)."""
+        return self.control.snapshot()
+
+    def _stats_bytes(self, caller: Caller | None = None) -> bytes:
+        return self.control.stats_file(caller)
 
     def _open_virtual(self, data: bytes) -> int:
         with self._lock:
@@ -211,9 +208,10 @@ class FastOps(Operations):
         if path == STATS_DIR:
             return {**base, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_size": 0}
         if path == STATS_FILE:
-            data = self._stats_bytes()
+            caller = self.request_caller()[0]
+            data = self._stats_bytes(caller)
             if self.no_open:
-                self._nofh_stats = data
+                self._nofh_stats[self.control.sees_all(caller)] = data
             now = time.time_ns()
             return {
                 **base,
@@ -281,12 +279,9 @@ class FastOps(Operations):
     @_translate
     def getxattr(self, path: str, name: str, position: int = 0, size: int | None = None) -> bytes:
         """``size`` (when known) is the caller's buffer; 0 or too small means it will ask again."""
-        if name == XATTR_STATS:
-            if path != "/":
-                raise FuseOSError(ENOATTR)
-            return encode_bounded(self.snapshot(), XATTR_MAX)
-        if name == XATTR_WARM:
-            return self._warm(path, size)
+        if is_control_xattr(name):
+            caller, pid = self.request_caller()
+            return self.control.getxattr(path, name, size, caller, pid)
         if _is_virtual(path):
             raise FuseOSError(ENOATTR)
         try:
@@ -295,23 +290,6 @@ class FastOps(Operations):
             if e.errno in (errno.ENODATA, ENOATTR):
                 raise FuseOSError(ENOATTR) from None
             raise
-
-    def _warm(self, path: str, size: int | None) -> bytes:
-        now = time.monotonic()
-        with self._lock:
-            for key in [k for k, (t, _) in self._warm_pending.items() if now - t > WARM_RESULT_TTL]:
-                del self._warm_pending[key]
-            pending = self._warm_pending.pop(path, None)
-        if pending is not None:
-            return pending[1]
-        warm = getattr(self.engine, "warm", None)
-        if warm is None or _is_virtual(path):
-            raise FuseOSError(errno.ENOTSUP)
-        data = json.dumps(warm(path)).encode()
-        if size is not None and len(data) > size:
-            with self._lock:
-                self._warm_pending[path] = (now, data)
-        return data
 
     @_translate
     def listxattr(self, path: str) -> list[str]:
@@ -332,7 +310,7 @@ class FastOps(Operations):
                 raise FuseOSError(errno.EISDIR)
             if path != STATS_FILE:
                 raise FuseOSError(errno.ENOENT)
-            fh = self._open_virtual(self._stats_bytes())
+            fh = self._open_virtual(self._stats_bytes(self.request_caller()[0]))
             keep_cache, direct_io = False, True
         elif self.no_open:
             raise FuseOSError(errno.ENOSYS)
@@ -366,12 +344,14 @@ class FastOps(Operations):
         """Stats file read without open (``fuse.no_open``): serve the snapshot sized by getattr."""
         if path != STATS_FILE:
             raise FuseOSError(errno.EISDIR if path == STATS_DIR else errno.ENOENT)
-        data = self._nofh_stats
+        caller = self.request_caller()[0]
+        full = self.control.sees_all(caller)
+        data = self._nofh_stats.get(full)
         if data is None:
-            data = self._nofh_stats = self._stats_bytes()
+            data = self._nofh_stats[full] = self._stats_bytes(caller)
         n = _copy_out(data, offset, dest)
         if offset + n >= len(data):
-            self._nofh_stats = None
+            self._nofh_stats.pop(full, None)
             if self.invalidate is not None:
                 self.invalidate(STATS_FILE)
         return n

@@ -59,7 +59,6 @@ import functools
 import logging
 import mmap
 import os
-import stat
 import threading
 import time
 from collections import OrderedDict, deque
@@ -74,7 +73,7 @@ from fastfs.fsio import stats as m
 from fastfs.fsio.cache import FAILED, READY, Block, BlockCache, round_up
 from fastfs.fsio.policy import RangePlan, ScanPolicy, StreamPolicy
 from fastfs.fsio.pool import FileGroup, PreadPool
-from fastfs.fsio.source import DIRECT_ALIGN, Source, SourceFile, split
+from fastfs.fsio.source import DIRECT_ALIGN, Source, SourceFile, split, stat_key
 
 log = logging.getLogger(__name__)
 
@@ -1018,64 +1017,43 @@ class Engine:
             self.release(old_fh)
         return entry
 
-    # == warm =======================================================================================
+    # == for warm jobs and cache reports (fastfs.fsio.warm) ==========================================
     def warm(self, path: str) -> dict:
-        """Fetch a file or a tree into the cache now; returns counts (blocks until fetched)."""
-        t0 = time.monotonic()
-        st = self.source.lstat(path)
-        files = [path] if stat.S_ISREG(st.st_mode) else list(self._walk(path)) if stat.S_ISDIR(st.st_mode) else []
-        total_files = total_bytes = declined = 0
-        for file_path in files:
-            try:
-                entry, _ = self._acquire_entry(file_path)
-            except OSError:
-                continue
-            with self._lock:
-                fh = self._next_fh
-                self._next_fh += 1
-                self._handles[fh] = entry
-            try:
-                blocks = []
-                for index in range((entry.size + self.block_size - 1) // self.block_size):
-                    block = self._fetch_block(entry, index, demand=False, keep_pin=True)
-                    if block is None:
-                        declined += 1
-                        break
-                    blocks.append(block)
-                for block in blocks:
-                    block.done.wait(self.config.readahead.read_timeout or None)
-                    if block.state == READY:
-                        total_bytes += block.length
-                    self.cache.unpin(block)
-                total_files += 1
-            finally:
-                self.release(fh)
-        return {
-            "files": total_files,
-            "bytes": total_bytes,
-            "declined": declined,
-            "seconds": round(time.monotonic() - t0, 3),
-        }
+        """Fetch a file or tree into the cache now, with the daemon's own rights; returns the job's
+        final progress (blocks until done). The daemon runs warms as background jobs instead."""
+        from fastfs.fsio.warm import warm_now
 
-    def _walk(self, dir_path: str):
-        stack = [dir_path]
-        while stack:
-            current = stack.pop()
-            prefix = current.rstrip("/") + "/"
-            try:
-                names = sorted(self.source.listdir(current))
-            except OSError:
-                continue
-            for name in names:
-                child = prefix + name
-                try:
-                    st = self.source.lstat(child)
-                except OSError:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(child)
-                elif stat.S_ISREG(st.st_mode):
-                    yield child
+        return warm_now(self, path)
+
+    def hold(self, path: str) -> tuple[int, FileEntry]:
+        """A handle (and the entry) of the current version of *path*, without what :meth:`open` does
+        for a reader (no format probe, scan bookkeeping, learning or open count); :meth:`release` it."""
+        entry, _ = self._acquire_entry(path)
+        with self._lock:
+            fh = self._next_fh
+            self._next_fh += 1
+            self._handles[fh] = entry
+        return fh, entry
+
+    def warm_block(self, entry: FileEntry, index: int) -> Block | None:
+        """Reserve block *index* of *entry* and queue its fill at prefetch priority; the block comes
+        back pinned (:meth:`BlockCache.unpin` it), FAILED when it could not be queued, or None when
+        the budget has no room for it."""
+        return self._fetch_block(entry, index, demand=False, keep_pin=True)
+
+    def abandon_block(self, entry: FileEntry, block: Block) -> None:
+        """A warm gave up waiting for *block*: its fill counts as a stuck read of the file, as when a
+        reader times out."""
+        fill = block.job
+        if block.state != READY and isinstance(fill, _Preads):
+            block.errno = errno.ETIMEDOUT
+            fill.abandon()
+            self.stats.add(m.TIMEOUTS)
+            self.stats.error("ETIMEDOUT")
+
+    def version_key(self, path: str) -> tuple[int, int, int, int, int]:
+        """Cache key of the version of *path* the source holds now (from an lstat)."""
+        return stat_key(self.source.lstat(path))
 
     # == learning ===================================================================================
     def _start_learning(self) -> None:

@@ -216,6 +216,22 @@ class Stats:
         }
 
 
+# Keys of a snapshot's "mount" section shown to callers who see only the redacted view.
+REDACTED_MOUNT_KEYS = ("mountpoint", "pid")
+
+
+def redact(snap: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot a caller other than the mounting user and root may see: every counter, ratio,
+    histogram, gauge and error count, but no path (no top-files table, no source directory; only the
+    mount point the caller itself used, and the daemon's pid)."""
+    out = {key: value for key, value in snap.items() if key not in ("top_files", "top_files_dropped", "mount")}
+    out["top_files"] = []
+    if "mount" in snap:
+        out["mount"] = {key: snap["mount"][key] for key in REDACTED_MOUNT_KEYS if key in snap["mount"]}
+    out["redacted"] = True
+    return out
+
+
 def encode_bounded(snap: dict[str, Any], limit: int) -> bytes:
     """Compact JSON of *snap* in at most *limit* bytes: rows of ``top_files`` are dropped from the end
     (the least fetched first) until it fits, and ``top_files_dropped`` says how many were (long paths

@@ -457,7 +457,9 @@ def test_warm_fetches_tree(data_dir, tmp_path):
     engine = make_engine(data_dir, tmp_path, **{"cache.budget": "64M"})
     try:
         result = engine.warm("/small")
-        assert result["files"] == 40 and result["bytes"] == 40 * 3073
+        assert result["files_done"] == result["files_total"] == 40
+        assert result["bytes_done"] == result["bytes_total"] == 40 * 3073
+        assert result["done"] and result["failed"] == result["declined"] == result["skipped"] == 0
         r = engine.open("/small/f000")
         assert engine.read(r.fh, 0, 4096) == (data_dir / "small" / "f000").read_bytes()
         engine.release(r.fh)

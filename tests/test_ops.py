@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -275,27 +276,60 @@ def test_rate_limited_log_counts_suppressed(caplog: pytest.LogCaptureFixture) ->
     assert len(caplog.records) == 2
 
 
-def test_warm_xattr_runs_once_per_size_query() -> None:
-    stub = StubEngine()
-    ops = FastOps(stub, no_open=False)
-    # A size query (buffer 0) computes the result and keeps it for the real query.
-    first = ops.getxattr("/d", "user.fastfs.warm", 0, 0)
-    second = ops.getxattr("/d", "user.fastfs.warm", 0, len(first))
+def _wait_done(ops: FastOps, job: int) -> dict:
+    deadline = time.monotonic() + 30
+    while True:
+        report = json.loads(ops.getxattr("/", f"user.fastfs.warm.{job}", 0, 1 << 16))
+        if report["done"] or time.monotonic() > deadline:
+            return report
+        time.sleep(0.01)
+
+
+def test_warm_xattr_starts_one_job_per_call_and_reports_progress(ops: FastOps, tree: Path) -> None:
+    # A size query (buffer 0) starts the job and keeps the answer for the real query.
+    first = ops.getxattr("/dir", "user.fastfs.warm", 0, 0)
+    second = ops.getxattr("/dir", "user.fastfs.warm", 0, len(first))
     assert first == second
-    assert json.loads(second)["files"] == 3
-    assert stub.warm_calls == ["/d"]
-    # A call whose buffer is large enough does not leave a stale result behind.
-    ops.getxattr("/d", "user.fastfs.warm", 0, 1 << 16)
-    ops.getxattr("/d", "user.fastfs.warm", 0, 1 << 16)
-    assert stub.warm_calls == ["/d", "/d", "/d"]
+    job = json.loads(second)["job"]
+    # A call whose buffer is large enough starts its own job.
+    other = json.loads(ops.getxattr("/data.bin", "user.fastfs.warm", 0, 1 << 16))["job"]
+    assert other != job
+    report = _wait_done(ops, job)
+    assert report["done"] and report["files_done"] == report["files_total"] == 1
+    assert report["bytes_done"] == report["bytes_total"] == len(b"hello\n")
+    assert _wait_done(ops, other)["bytes_done"] == len(CONTENT)
+    assert json.loads(ops.getxattr("/data.bin", "user.fastfs.cached", 0, 1 << 16)) == {
+        "size": len(CONTENT),
+        "cached": len(CONTENT),
+    }
+    assert json.loads(ops.getxattr("/data.bin", "user.fastfs.evict", 0, 1 << 16))["evicted"] == len(CONTENT)
+    assert json.loads(ops.getxattr("/data.bin", "user.fastfs.cached", 0, 1 << 16))["cached"] == 0
+    assert _errno(ops.getxattr, "/", "user.fastfs.warm.999") == errno.ENODATA
+    assert _errno(ops.getxattr, "/", "user.fastfs.warm.x") == errno.ENODATA
+    assert _errno(ops.getxattr, STATS_DIR, "user.fastfs.warm") == errno.ENOTSUP
+    assert _errno(ops.getxattr, "/dir", "user.fastfs.cached") == errno.EISDIR
 
 
-def test_warm_without_engine_support_is_enotsup(ops: FastOps, engine) -> None:
-    if hasattr(engine, "warm"):
-        result = json.loads(ops.getxattr("/dir", "user.fastfs.warm", 0, 1 << 16))
-        assert result["files"] >= 1
-    else:
-        assert _errno(ops.getxattr, "/dir", "user.fastfs.warm") == errno.ENOTSUP
+def test_other_callers_see_stats_without_paths_and_not_others_jobs(ops: FastOps, tree: Path) -> None:
+    """Issue 12 finding 5 (unit): only the mounting user and root see paths in the stats."""
+    fi = _open(ops, "/data.bin")
+    ops.read("/data.bin", 65536, 0, fi.fh)
+    ops.release("/data.bin", fi.fh)
+    job = json.loads(ops.getxattr("/dir", "user.fastfs.warm", 0, 1 << 16))["job"]
+    full = json.loads(ops.getxattr("/", "user.fastfs.stats"))
+    assert full["top_files"] and full["mount"]["source"] == str(tree)
+    ops.context = lambda: (65534, 65534, 0)
+    redacted = json.loads(ops.getxattr("/", "user.fastfs.stats"))
+    assert redacted["redacted"] is True and redacted["top_files"] == []
+    assert redacted["mount"] == {"mountpoint": "/mnt/test", "pid": os.getpid()}
+    assert redacted["counters"] == {**full["counters"], **redacted["counters"]}
+    assert str(tree) not in json.dumps(redacted) and "data.bin" not in json.dumps(redacted)
+    sfi = _open(ops, STATS_FILE)
+    text = ops.read(STATS_FILE, 1 << 20, 0, sfi.fh)
+    assert b"data.bin" not in text and json.loads(text)["redacted"] is True
+    assert _errno(ops.getxattr, "/", f"user.fastfs.warm.{job}") == errno.ENODATA
+    ops.context = lambda: (ops.control.owner_uid, 0, 0)
+    assert json.loads(ops.getxattr("/", f"user.fastfs.warm.{job}", 0, 1 << 16))["job"] == job
 
 
 # -- property test over read/getattr arguments ----------------------------------------------------

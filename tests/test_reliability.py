@@ -856,3 +856,57 @@ def test_hung_metadata_call_fails_within_the_request_timeout(faulty_wide) -> Non
         r = json.loads(out.strip().splitlines()[-1])
         assert r["stage"] == "open" and r["errno"] == "EIO", r
         assert _bounded(lambda: _read_file(m.mnt / "meta" / "stuck.bin"), READER_TIMEOUT) == data["meta/stuck.bin"]
+
+
+# -- warm must not hold the daemon (issue 12 finding 4) ---------------------------------------------------
+# A hung file of many blocks: warmed one block after another it cost blocks x read_timeout.
+WARM_HUNG_SIZE = 64 * MIB
+# Bound on a warm request returning (it only starts a job) and on a metadata call meanwhile.
+QUICK_BOUND = 5.0
+
+
+def test_warm_over_a_hung_file_returns_at_once_is_bounded_and_gives_up_once(faulty_wide) -> None:
+    fs, faultsrc, mnt, data = faulty_wide
+    (fs.backing / "tree").mkdir()
+    (fs.backing / "tree" / "big.bin").write_bytes(rand_bytes(WARM_HUNG_SIZE, 41))
+    (fs.backing / "tree" / "ok.bin").write_bytes(data["fresh.bin"])
+    opts = [f"readahead.read_timeout={READ_TIMEOUT_SECONDS},readahead.learn=false"]
+    with mounted(faultsrc, mnt, options=opts) as m:
+        try:
+            fs.set(hang=["/tree/big.bin"])
+            t0 = time.monotonic()
+            answer = json.loads(_bounded(lambda: os.getxattr(m.mnt / "tree", "user.fastfs.warm"), QUICK_BOUND))
+            assert time.monotonic() - t0 < QUICK_BOUND and "job" in answer, answer
+            # the daemon keeps answering while the job waits for the hung file
+            _bounded(lambda: os.stat(m.mnt), QUICK_BOUND)
+            assert _bounded(lambda: _read_file(m.mnt / "open.bin"), QUICK_BOUND * 3) == data["open.bin"]
+            # one caller's jobs are bounded: the 8 allowed are taken, the next is refused at once
+            jobs = [answer["job"]]
+            with pytest.raises(OSError) as refused:
+                for _ in range(9):
+                    jobs.append(json.loads(os.getxattr(m.mnt / "tree", "user.fastfs.warm"))["job"])
+            assert refused.value.errno == errno.EAGAIN and len(jobs) == 8, jobs
+
+            def report(job: int) -> dict:
+                return json.loads(os.getxattr(m.mnt, f"user.fastfs.warm.{job}"))
+
+            deadline = time.monotonic() + HANG_READ_BOUND
+            while not all(report(j)["done"] for j in jobs):
+                assert time.monotonic() < deadline, [report(j) for j in jobs]
+                time.sleep(0.1)
+            first = report(jobs[0])
+            print(f"first warm job over a hung file: {first}")
+            # the hung file was given up once, after one timeout, not after one per block
+            assert first["failed"] == 1 and "timed out" in first["errors"][0], first
+            assert first["seconds"] < 3 * READ_TIMEOUT_SECONDS, first
+            assert first["files_done"] == 2 and first["bytes_done"] == len(data["fresh.bin"]), first
+            for job in jobs[1:]:
+                assert report(job)["failed"] == 1 and report(job)["seconds"] < 3 * READ_TIMEOUT_SECONDS
+            # those started after the first timeout found the file stuck and did not wait for it again
+            assert sum(report(j)["seconds"] < READ_TIMEOUT_SECONDS for j in jobs) >= len(jobs) - 2
+        finally:
+            fs.clear()
+        assert (
+            _bounded(lambda: _read_file(m.mnt / "tree" / "big.bin"), READER_TIMEOUT)
+            == (fs.backing / "tree" / "big.bin").read_bytes()
+        )
