@@ -125,10 +125,11 @@ def _resolve(path: str) -> str:
     return os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute))
 
 
-def validate(paths: Iterable[str]) -> list[tuple[str, str]]:
+def validate(paths: Iterable[str], covered_too: bool = True) -> list[tuple[str, str]]:
     """(absolute path, its mount root) of every path, each checked; raises WarmError for the first bad one.
 
-    A path named twice, or lying inside a directory also named, is kept once (the directory covers it).
+    A path named twice is kept once; with *covered_too* so is one inside a directory also named (the
+    directory's warm covers it).
     """
     checked: list[tuple[str, str, bool]] = []
     seen: set[str] = set()
@@ -146,7 +147,7 @@ def validate(paths: Iterable[str]) -> list[tuple[str, str]]:
         if path not in seen:
             seen.add(path)
             checked.append((path, root, stat.S_ISDIR(st.st_mode)))
-    dirs = {path for path, _, is_dir in checked if is_dir}
+    dirs = {path for path, _, is_dir in checked if is_dir} if covered_too else set()
 
     def covered(path: str) -> bool:
         parent = os.path.dirname(path)
@@ -236,7 +237,7 @@ class _Progress:
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=0, unit="file", desc="warm", file=sys.stderr, leave=False, dynamic_ncols=True)
+            self.bar = tqdm(total=0, unit="file", desc="warm", file=sys.stderr, leave=False)
 
     def show(self, files_done: int, files_total: int, bytes_done: int, bytes_total: int) -> None:
         if self.bar is None:
@@ -400,12 +401,13 @@ def main(args: argparse.Namespace) -> int:
             paths += read_list(name)
         if not paths:
             raise WarmError("no paths given (PATH arguments or --from-file LIST)")
-        items = validate(paths)
+        per_file = bool(getattr(args, "check", False) or getattr(args, "evict", False))
+        items = validate(paths, covered_too=not per_file)
     except WarmError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
     start = time.monotonic()
-    if getattr(args, "check", False) or getattr(args, "evict", False):
+    if per_file:
         check = bool(getattr(args, "check", False))
         result = run_per_file(items, XATTR_CACHED if check else XATTR_EVICT, jobs, sys.stdout)
         _report_errors(result)
