@@ -166,6 +166,9 @@ class CacheConfig:
     disk_free_floor: str = "10%"
     """Free space on the disk tier's filesystem never used, held even while others fill it: a size or a share
     of the filesystem's size."""
+    file_workers: int = 12
+    """Source reads of one file that may run at once on each kind of pool worker (demand, prefetch):
+    a file whose source hangs holds at most this many, the rest stay for the other files."""
 
     def validate(self) -> None:
         _check(
@@ -197,6 +200,7 @@ class CacheConfig:
             "must be a power of two between 64K and 64M",
         )
         _check(1 <= self.workers <= 256, "cache.workers", "must be between 1 and 256")
+        _check(1 <= self.file_workers <= 256, "cache.file_workers", "must be between 1 and 256")
 
 
 @dataclass(frozen=True)

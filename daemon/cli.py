@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import os
 import select
 import signal
@@ -41,12 +40,6 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def default_log_file(mountpoint: str) -> str:
-    """Log file of a background daemon when log.file is unset."""
-    name = os.path.basename(os.path.normpath(mountpoint)) or "root"
-    return f"/tmp/fastfs-{name}.log"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fastfs", description="Read-ahead FUSE mirror for machine-learning data.")
     parser.add_argument("--version", action="version", version=f"fastfs {__version__}")
@@ -57,8 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
         "mount",
         help="mount SRC read-only on MNT",
         description="Mount SRC read-only on MNT. Without --foreground the daemon runs in the background "
-        "and the command returns once the mount is live; background logs go to log.file if set, "
-        "else /tmp/fastfs-<basename of MNT>.log.",
+        "and the command returns once the mount is live; background logs go to --log-file / log.file if "
+        "set, else to <basename of MNT>-<hash>.log in the state directory's logs/ (STATE_DIRECTORY or "
+        "state.dir), else /var/log/fastfs/ for root or ~/.local/state/fastfs/logs/ for other users "
+        "(created 0600, never through a symlink).",
     )
     m.add_argument("source", nargs="?", metavar="SRC", help="directory to mirror (default: source in the config)")
     m.add_argument("mountpoint", nargs="?", metavar="MNT", help="empty directory to mount on (default: config)")
@@ -73,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="config override, e.g. -o budget=2G,workers=8 or -o readahead.max_window=128M",
     )
     m.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level")
-    m.add_argument("--log-file", metavar="F", help="log file (default: stderr; background: see above)")
+    m.add_argument("--log-file", metavar="F", help="log file, created 0600 (default: stderr; background: see above)")
     _add_profile_options(m)
 
     u = sub.add_parser("umount", help="unmount MNT", description="Unmount MNT (recovers a mount whose daemon died).")
@@ -96,11 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser(
         "warm",
-        help="prefetch files or trees into a mount's cache",
-        description="Prefetch PATHs (inside fastfs mounts) into the cache now.",
+        help="prefetch files or trees into a mount's cache, report or drop what is cached",
+        description="Prefetch PATHs (inside fastfs mounts) into the cache now, as background jobs of the "
+        "daemon, with progress by files and bytes; --check reports how much is cached, --evict drops it. "
+        "Exit 1 when anything could not be cached.",
     )
-    w.add_argument("paths", nargs="+", metavar="PATH")
-    w.add_argument("-j", "--jobs", type=int, default=8, metavar="N", help="files warmed in parallel (default 8)")
+    from fastfs.daemon import warm
+
+    warm.add_arguments(w)
 
     i = sub.add_parser(
         "install-service",
@@ -220,6 +218,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         raise CliError("mount needs SRC and MNT (as arguments or as source/mountpoint in the config)")
     try:
         src, mnt = mount.check_paths(source, mountpoint)
+        mount.check_fuse_device()
     except mount.MountError as e:
         raise CliError(str(e)) from None
     config = dataclasses.replace(config, source=src, mountpoint=mnt)
@@ -227,7 +226,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if args.foreground:
         from fastfs.daemon import logsetup
 
-        logsetup.setup(config.log.level, config.log.file or None)
+        try:
+            logsetup.setup(config.log.level, config.log.file or None)
+        except logsetup.LogFileError as e:
+            raise CliError(str(e)) from None
         try:
             return mount.Daemon(src, mnt, config, **kwargs).run()
         except mount.MountError as e:
@@ -236,13 +238,13 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def _daemonize(src: str, mnt: str, config: Any, kwargs: dict[str, Any]) -> int:
-    from fastfs.daemon import mount
+    from fastfs.daemon import logsetup, mount
 
-    log_file = config.log.file or default_log_file(mnt)
+    log_file = config.log.file or logsetup.default_log_file(mnt, config.state.dir)
     try:
-        log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise CliError(f"log file {log_file}: {e.strerror}") from None
+        log_fd = logsetup.open_log_file(log_file, default=not config.log.file)
+    except logsetup.LogFileError as e:
+        raise CliError(str(e)) from None
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -260,8 +262,6 @@ def _daemonize(src: str, mnt: str, config: Any, kwargs: dict[str, Any]) -> int:
             os.dup2(log_fd, 2)
             os.close(devnull)
             os.close(log_fd)
-            from fastfs.daemon import logsetup
-
             logsetup.setup(config.log.level, None, journal=False)
             status = mount.Daemon(src, mnt, config, readiness=readiness, **kwargs).run()
         except BaseException as e:  # noqa: BLE001 - the parent shows this one line
@@ -389,25 +389,13 @@ def cmd_umount(args: argparse.Namespace) -> int:
     entry = mount.find_mount(mnt)
     if entry is None:
         raise CliError(f"{args.mountpoint} is not mounted")
-    if not entry.fstype.startswith("fuse"):
+    if not mount.is_fastfs(entry):
         raise CliError(f"{args.mountpoint} is not a fastfs mount ({entry.fstype})")
-    target = entry.mountpoint
-    cmd = ["fusermount3", "-u"] + (["-z"] if args.lazy else []) + [target]
-    rc, err = mount.run_quiet(cmd)
+    rc, err = mount.unmount(mnt, lazy=args.lazy)
     if rc == 0:
         return 0
-    dead = False
-    try:
-        os.stat(target)
-    except OSError as e:
-        dead = e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    if dead or args.lazy:
-        rc2, err2 = mount.run_quiet(["umount", "-l", target])
-        if rc2 == 0:
-            return 0
-        err = err2 or err
     hint = " (files still open? use --lazy)" if "busy" in err.lower() else ""
-    raise CliError(f"cannot unmount {args.mountpoint}: {err or 'fusermount3 failed'}{hint}")
+    raise CliError(f"cannot unmount {args.mountpoint}: {err}{hint}")
 
 
 # -- stats / warm / install-service ---------------------------------------------------------------

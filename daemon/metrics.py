@@ -65,6 +65,7 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
         "Bytes of passthrough files asked into the source's page cache ahead of the reader.",
     ),
     (fstats.TIMEOUTS, "read_timeouts", "Reads that failed because the source did not answer within read_timeout."),
+    (fstats.FAST_FAILS, "reads_failed_fast", "Reads failed at once because earlier reads of the file were stuck."),
 )
 # Source bytes by why they were read: fastfs_bytes_fetched_total{kind=...}.
 _FETCHED_KINDS: tuple[tuple[str, str], ...] = (

@@ -23,6 +23,7 @@ import dataclasses
 import errno
 import logging
 import os
+import resource
 import signal
 import stat
 import subprocess
@@ -33,6 +34,7 @@ from typing import Any
 from fastfs.config.loader import ConfigError, load_config, one_line, parse_listen_address
 from fastfs.config.schema import Config
 from fastfs.daemon import logsetup, notify
+from fastfs.daemon.control import CONTROL_NAME
 from fastfs.daemon.statscli import summary_line
 
 log = logging.getLogger("fastfs.mount")
@@ -41,6 +43,8 @@ MOUNTINFO = "/proc/self/mountinfo"
 # The kernel's cap on pages per FUSE request (256 = 1 MiB unless an administrator raised it).
 MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
 FSTYPE = "fuse.fastfs"
+# The FUSE device: the daemon (as root) or fusermount3 (with the caller's own rights) opens it read-write.
+FUSE_DEVICE = "/dev/fuse"
 # Upper bound of one main-loop sleep, so queued signals are handled promptly even without a wake-up.
 MAIN_TICK = 1.0
 # Seconds a fusermount3/umount subprocess may take before it is abandoned.
@@ -101,6 +105,28 @@ def find_mount(path: str) -> MountEntry | None:
     return found
 
 
+def is_fastfs(entry: MountEntry | None) -> bool:
+    """True for a fastfs mount, live or dead (the kernel keeps the type of a mount whose daemon died).
+
+    This is the one test of "is this a fastfs mount" the daemon's commands use: other FUSE file
+    systems (sshfs, rclone, a storage emulator) have other types and are never touched.
+    """
+    return entry is not None and entry.fstype == FSTYPE
+
+
+def containing_mount(path: str) -> MountEntry | None:
+    """The mount holding *path*: the topmost mount on the longest mount point that is *path* or one of
+    its parents (after realpath of *path*), or None."""
+    target = os.path.realpath(path)
+    best: MountEntry | None = None
+    for entry in mounts():
+        point = entry.mountpoint
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best.mountpoint)):
+            best = entry
+    return best
+
+
 # -- validation -----------------------------------------------------------------------------------
 def _inside(child: str, parent: str) -> bool:
     return child == parent or child.startswith(parent.rstrip("/") + "/")
@@ -154,6 +180,36 @@ def check_paths(source: str, mountpoint: str) -> tuple[str, str]:
     return src, mnt
 
 
+def check_fuse_device(path: str = FUSE_DEVICE) -> None:
+    """Raise :class:`MountError` when this process cannot open the FUSE device read-write.
+
+    A root daemon opens it directly and ``fusermount3`` opens it with the caller's rights, so the
+    check tells a user without access the cause in one line before anything is forked.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:
+        raise MountError(f"cannot open {path}: {e.strerror} (FUSE needs read-write access to it)") from None
+    os.close(fd)
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise this process's soft limit on open descriptors to its hard limit; returns (before, after).
+
+    The usual soft limit of 1024 is far below what a mount serving hundreds of open files needs
+    (the engine sizes its descriptor budget from the limit in force when it starts).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as e:
+        log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, one_line(e))
+        return soft, soft
+    return soft, hard
+
+
 # -- unmounting -----------------------------------------------------------------------------------
 def run_quiet(cmd: list[str], timeout: float = UNMOUNT_TIMEOUT) -> tuple[int, str]:
     """Run a helper; (returncode, one-line stderr). A missing binary or timeout is a failure."""
@@ -164,13 +220,40 @@ def run_quiet(cmd: list[str], timeout: float = UNMOUNT_TIMEOUT) -> tuple[int, st
     return r.returncode, one_line(r.stderr or r.stdout)
 
 
+def unmount(mountpoint: str, lazy: bool = False) -> tuple[int, str]:
+    """Unmount the fastfs mount on *mountpoint*: ``fusermount3 -u`` (``-z`` when *lazy*), then, for a dead
+    mount (its daemon gone) or a lazy request, ``umount -l``. Returns (0, "") or (status, one-line error).
+
+    Refuses (status 1, "... is not a fastfs mount") anything but a fastfs mount, so a foreign FUSE
+    file system is never unmounted by fastfs.
+    """
+    entry = find_mount(mountpoint)
+    if entry is None:
+        return 1, f"{mountpoint} is not mounted"
+    if not is_fastfs(entry):
+        return 1, f"{mountpoint} is not a fastfs mount"
+    target = entry.mountpoint
+    rc, err = run_quiet(["fusermount3", "-u"] + (["-z"] if lazy else []) + [target])
+    if rc == 0:
+        return 0, ""
+    dead = False
+    try:
+        os.stat(target)
+    except OSError as e:
+        dead = e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    if dead or lazy:
+        rc2, err2 = run_quiet(["umount", "-l", target])
+        if rc2 == 0:
+            return 0, ""
+        err = err2 or err
+    return rc or 1, err or "fusermount3 failed"
+
+
 def force_unmount(mountpoint: str) -> None:
-    """Best effort: ``fusermount3 -u``, then a lazy ``umount -l`` (used to clean up failed starts)."""
-    if find_mount(mountpoint) is None:
-        return
-    if run_quiet(["fusermount3", "-u", mountpoint])[0] == 0:
-        return
-    run_quiet(["umount", "-l", mountpoint])
+    """Best effort, for cleaning up a failed start: the fastfs mount on *mountpoint* (if any) is
+    unmounted, lazily when it is busy or dead. Never touches another file system."""
+    if unmount(mountpoint)[0] != 0 and is_fastfs(find_mount(mountpoint)):
+        unmount(mountpoint, lazy=True)
 
 
 # -- readiness reporting --------------------------------------------------------------------------
@@ -270,6 +353,13 @@ class Daemon:
                 self.engine.close()
                 self.engine = None
             raise MountError(f"cannot open source {self.source}: {e.strerror or e}") from None
+        if os.path.lexists(os.path.join(self.source, CONTROL_NAME)):
+            log.warning(
+                "%s has an entry named %s: the name is reserved for fastfs's control directory, so it is "
+                "hidden and not reachable through the mount",
+                self.source,
+                CONTROL_NAME,
+            )
 
     def _start_metrics(self) -> None:
         listen = self.config.stats.metrics
@@ -468,6 +558,7 @@ class Daemon:
     # -- main -----------------------------------------------------------------------------------
     def run(self) -> int:
         """Mount and serve until unmounted or signalled; 0 after a clean stop, 1 if the mount failed."""
+        raise_fd_limit()
         self._start_engine()
         try:
             self._start_metrics()
@@ -520,6 +611,12 @@ class Daemon:
                 self.metrics_server.shutdown()
             except Exception as e:  # noqa: BLE001 - exit must proceed
                 log.warning("metrics endpoint shutdown failed: %s", one_line(e))
+        control = getattr(self.ops, "control", None)
+        if control is not None:
+            try:
+                control.close()  # warm jobs stop before the engine they use
+            except Exception as e:  # noqa: BLE001 - exit must proceed
+                log.warning("warm jobs shutdown failed: %s", one_line(e))
         if self.engine is not None:
             try:
                 self.engine.close()

@@ -25,16 +25,16 @@ while a node has open handles; the id is closed after its last release.
 
 Control channel: a hidden directory ``/.fastfs`` (reserved node ids, not listed in the root; a
 source entry of that name is hidden) holds ``stats``, a JSON snapshot served with direct I/O, one
-snapshot per open. Extended attributes of the mount root: ``user.fastfs.stats`` (the same
-snapshot); on any path ``user.fastfs.warm`` (prefetch that file or tree now; the engine's summary
-as JSON). The mount is read-only: every write-type request answers EROFS.
+snapshot per open; the ``user.fastfs.*`` extended attributes (stats, warm jobs, cache reports,
+evictions). Both are answered by a :class:`~fastfs.daemon.controller.Controller` with the request's
+caller (uid, gid, pid from the request header, supplementary groups from ``/proc``), which decides
+what the answer may contain. The mount is read-only: every write-type request answers EROFS.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
-import json
 import logging
 import os
 import stat
@@ -44,6 +44,9 @@ from collections import OrderedDict
 from typing import Any
 
 from fastfs.daemon import ownership
+from fastfs.daemon.caller import caller_of
+from fastfs.daemon.control import CONTROL_NAME, STATS_DIR, STATS_FILE, STATS_NAME
+from fastfs.daemon.controller import Controller, is_control_xattr
 from fastfs.daemon.kernel import abi
 from fastfs.daemon.kernel.abi import Op
 from fastfs.daemon.kernel.session import NO_REPLY, Request
@@ -53,22 +56,12 @@ from fastfs.fsio.policy import ROUTE_PASSTHROUGH
 
 log = logging.getLogger("fastfs.ops")
 
-CONTROL_NAME = ".fastfs"
-STATS_NAME = "stats"
-STATS_DIR = "/" + CONTROL_NAME
-STATS_FILE = STATS_DIR + "/" + STATS_NAME
-XATTR_STATS = "user.fastfs.stats"
-XATTR_WARM = "user.fastfs.warm"
 ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
 # Reserved node ids of the control directory and its stats file (the node table starts at 16).
 CONTROL_ID = 2
 STATS_ID = 3
-# Files listed in the stats snapshot: enough for `fastfs stats --top`, small enough for one xattr reply.
-STATS_TOP_FILES = 50
 # Handles of open stats snapshots start here, far above any handle the engine hands out.
 VIRTUAL_FH_BASE = 1 << 62
-# A warm result too large for the caller's first xattr buffer is kept this long for the retry.
-WARM_RESULT_TTL = 30.0
 # Directory listings kept between the READDIR requests of one pass (offsets index into them).
 MAX_LISTINGS = 256
 # Size reported for the stats file before it is opened (reads use direct I/O: the real length wins).
@@ -147,7 +140,7 @@ class KernelOps:
     ``session`` (set by the daemon before the first request) gives access to backing files and
     notifications; ``mount_info`` (source, mountpoint) is added to stats snapshots.
 
-    Concurrency: ``_lock`` guards ``_handles``, ``_virtual``, ``_listings``, ``_warm_pending``,
+    Concurrency: ``_lock`` guards ``_handles``, ``_virtual``, ``_listings``,
     ``_next_vfh``, ``_lookups`` and ``lookups_max``; the node table has its own lock; the engine documents its own.
     """
 
@@ -165,12 +158,12 @@ class KernelOps:
         self._handles: dict[int, Node] = {}
         self._virtual: dict[int, bytes] = {}
         self._next_vfh = VIRTUAL_FH_BASE
-        self._nofh_stats: bytes | None = None
+        self._nofh_stats: dict[bool, bytes] = {}  # no_open: the stats file per view (complete or redacted)
         self._listings: OrderedDict[int, list[tuple[str, int, int]]] = OrderedDict()
-        self._warm_pending: dict[str, tuple[float, bytes]] = {}
         self._started_ns = time.time_ns()
         self._passthrough_failed = False
         self._ownership = ownership.Ownership.from_config(fc)
+        self.control = Controller(engine, self.mount_info, extra=self._kernel_section)
         self._lookups = 0  # lookups being answered now
         self.lookups_max = 0  # most lookups answered at once (the kernel sends them in parallel)
 
@@ -519,38 +512,26 @@ class KernelOps:
 
     def _xattr_value(self, request: Request, name: str, size: int) -> bytes:
         nodeid = request.nodeid
-        if name == XATTR_STATS:
-            if nodeid != ROOT_ID:
-                raise OSError(ENOATTR, os.strerror(ENOATTR))
-            return json.dumps(self.snapshot(), separators=(",", ":")).encode()
+        if is_control_xattr(name):
+            if nodeid == CONTROL_ID:
+                path = STATS_DIR
+            elif nodeid == STATS_ID:
+                path = STATS_FILE
+            else:
+                path = self._node(nodeid).path
+            return self.control.getxattr(path, name, size, self._caller(request), request.pid)
         if nodeid in (CONTROL_ID, STATS_ID):
-            raise OSError(ENOATTR if name != XATTR_WARM else errno.ENOTSUP, os.strerror(ENOATTR))
-        node = self._node(nodeid)
-        if name == XATTR_WARM:
-            return self._warm(node.path, size)
+            raise OSError(ENOATTR, os.strerror(ENOATTR))
         try:
-            return self.engine.getxattr(node.path, name)
+            return self.engine.getxattr(self._node(nodeid).path, name)
         except OSError as e:
             if e.errno in (errno.ENODATA, ENOATTR):
                 raise OSError(ENOATTR, os.strerror(ENOATTR)) from None
             raise
 
-    def _warm(self, path: str, size: int) -> bytes:
-        now = time.monotonic()
-        with self._lock:
-            for key in [k for k, (t, _) in self._warm_pending.items() if now - t > WARM_RESULT_TTL]:
-                del self._warm_pending[key]
-            pending = self._warm_pending.pop(path, None) if size else None
-        if pending is not None:
-            return pending[1]
-        warm = getattr(self.engine, "warm", None)
-        if warm is None:
-            raise OSError(errno.ENOTSUP, os.strerror(errno.ENOTSUP))
-        data = json.dumps(warm(path)).encode()
-        if len(data) > size:  # the caller asks again with a buffer this large: answer from memory
-            with self._lock:
-                self._warm_pending[path] = (now, data)
-        return data
+    @staticmethod
+    def _caller(request: Request) -> Any:
+        return caller_of(request.uid, request.gid, request.pid)
 
     def listxattr(self, request: Request, body: memoryview) -> bytes:
         size, _ = abi.GETXATTR_IN.unpack_from(body)
@@ -572,31 +553,28 @@ class KernelOps:
     def _virtual_stat(self, nodeid: int) -> _VirtualStat:
         if nodeid == CONTROL_ID:
             return _VirtualStat(stat.S_IFDIR | 0o555, 0, 2, CONTROL_ID, self._started_ns)
-        size = len(self._nofh_stats) if self.no_open and self._nofh_stats is not None else STATS_SIZE_ESTIMATE
+        size = max((len(d) for d in self._nofh_stats.values()), default=STATS_SIZE_ESTIMATE)
         return _VirtualStat(stat.S_IFREG | 0o444, size, 1, STATS_ID, time.time_ns())
 
     def snapshot(self) -> dict[str, Any]:
-        """Engine snapshot plus the mount's identity and the kernel connection's counters."""
-        snap = self.engine.snapshot(STATS_TOP_FILES)
-        snap["mount"] = {
-            "source": self.mount_info.get("source", ""),
-            "mountpoint": self.mount_info.get("mountpoint", ""),
-            "pid": os.getpid(),
-        }
-        if self.session is not None:
-            kernel = self.session.counters()
-            negotiated = self.session.negotiated
-            if negotiated is not None:
-                kernel["protocol"] = f"{negotiated.major}.{negotiated.minor}"
-                kernel["flags"] = abi.flag_names(negotiated.flags)
-                kernel["max_read"] = negotiated.max_read
-            kernel["nodes"] = len(self.nodes)
-            kernel["lookups_in_flight_max"] = self.lookups_max
-            snap["kernel"] = kernel
-        return snap
+        """The complete snapshot (metrics, status lines): engine, mount identity, kernel connection."""
+        return self.control.snapshot()
 
-    def _stats_bytes(self, request: Request | None = None) -> bytes:
-        return (json.dumps(self.snapshot(), indent=1) + "\n").encode()
+    def _kernel_section(self) -> dict[str, Any]:
+        if self.session is None:
+            return {}
+        kernel = self.session.counters()
+        negotiated = self.session.negotiated
+        if negotiated is not None:
+            kernel["protocol"] = f"{negotiated.major}.{negotiated.minor}"
+            kernel["flags"] = abi.flag_names(negotiated.flags)
+            kernel["max_read"] = negotiated.max_read
+        kernel["nodes"] = len(self.nodes)
+        kernel["lookups_in_flight_max"] = self.lookups_max
+        return {"kernel": kernel}
+
+    def _stats_bytes(self, request: Request) -> bytes:
+        return self.control.stats_file(self._caller(request))
 
     def _open_virtual(self, data: bytes) -> int:
         with self._lock:
@@ -606,13 +584,18 @@ class KernelOps:
         return fh
 
     def _read_nofh_stats(self, request: Request, offset: int, size: int) -> bytes:
-        """Stats file read without open (``fuse.no_open``): one snapshot per pass from offset 0."""
-        data = self._nofh_stats
+        """Stats file read without open (``fuse.no_open``): one snapshot per pass from offset 0. Without
+        an open there is no direct I/O, so the kernel keeps the file's pages for whoever reads next: on
+        an ``allow_other`` mount everyone gets the redacted view here (the full one stays available to
+        the owner and root through the root's stats xattr)."""
+        caller = self._caller(request)
+        full = self.control.sees_all(caller) and not self.engine.config.fuse.allow_other
+        data = self._nofh_stats.get(full)
         if data is None or offset == 0:
-            data = self._nofh_stats = self._stats_bytes(request)
+            data = self._nofh_stats[full] = self.control.stats_file(caller if full else None, redacted=not full)
         chunk = data[offset : offset + size]
         if offset + len(chunk) >= len(data):
-            self._nofh_stats = None
+            self._nofh_stats.pop(full, None)
             if self.session is not None and self.session.notifier is not None:
                 self.session.notifier.submit(("inode", STATS_ID, 0, -1))  # the next pass reads anew
         return chunk

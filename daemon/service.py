@@ -211,10 +211,11 @@ def install(args: Any) -> int:
 
 # -- ExecStopPost cleanup ---------------------------------------------------------------------
 def fuse_mounts_at(path: str) -> int:
-    """Number of FUSE mounts stacked on *path* (an absolute, symlink-free path)."""
-    from fastfs.daemon.mount import mounts
+    """Number of fastfs mounts stacked on *path* (an absolute, symlink-free path); other FUSE file
+    systems are not counted, so the cleanup never detaches them."""
+    from fastfs.daemon.mount import is_fastfs, mounts
 
-    return sum(1 for entry in mounts() if entry.mountpoint == path and entry.fstype.startswith("fuse"))
+    return sum(1 for entry in mounts() if entry.mountpoint == path and is_fastfs(entry))
 
 
 def _is_dead(path: str) -> bool:
@@ -252,11 +253,14 @@ def canonical_mountpoint(path: str) -> str:
 
 
 def cleanup_mountpoint(mountpoint: str) -> int:
-    """Detach dead FUSE mounts on *mountpoint*; returns how many were detached."""
+    """Detach dead fastfs mounts on *mountpoint* (while the topmost mount there is one); returns how
+    many were detached."""
+    from fastfs.daemon.mount import find_mount, is_fastfs
+
     path = canonical_mountpoint(mountpoint)
     detached = 0
     for _ in range(MAX_STACKED_MOUNTS):
-        if not fuse_mounts_at(path) or not _is_dead(path) or not _detach(path):
+        if not is_fastfs(find_mount(path)) or not _is_dead(path) or not _detach(path):
             break
         detached += 1
     return detached

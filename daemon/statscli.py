@@ -15,8 +15,9 @@ import sys
 import time
 from typing import Any
 
-STATS_RELPATH = os.path.join(".fastfs", "stats")
-STATS_XATTR = "user.fastfs.stats"
+from fastfs.daemon.control import STATS_RELPATH, STATS_TOP_FILES
+from fastfs.daemon.control import XATTR_STATS as STATS_XATTR
+
 # Seconds between --watch lines when no interval is given.
 DEFAULT_WATCH_INTERVAL = 1.0
 # Smallest --watch interval accepted (reading the snapshot is cheap, printing faster is noise).
@@ -45,7 +46,19 @@ def _pct(x: float | None) -> str:
 
 
 def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.2g} ms"
+    """0.0001 -> '0.10 ms', 0.1 -> '100 ms', 10 -> '10.0 s' (never exponent notation)."""
+    if seconds is None:
+        return "-"
+    ms = seconds * 1000
+    if ms >= 1000:
+        return f"{seconds:.1f} s"
+    if ms >= 100:
+        return f"{ms:.0f} ms"
+    return f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def _duration(seconds: float) -> str:
@@ -65,9 +78,12 @@ def summary_line(snap: dict[str, Any]) -> str:
     d = snap.get("derived", {})
     g = snap.get("gauges", {})
     errors = sum(snap.get("errors", {}).values())
+    requested = c.get("bytes_requested", 0)
+    hit = d.get("hit_ratio") if requested else None
+    amplification = d.get("amplification", 0) if requested else None
     return (
-        f"requested {human_bytes(c.get('bytes_requested', 0))}, hit {_pct(d.get('hit_ratio'))}, "
-        f"fetched {human_bytes(_fetched(c))} (amplification {d.get('amplification', 0):.2f}), "
+        f"requested {human_bytes(requested)}, hit {_pct(hit)}, "
+        f"fetched {human_bytes(_fetched(c))} (amplification {_ratio(amplification)}), "
         f"cache {human_bytes(g.get('cache_bytes', 0))}/{human_bytes(g.get('cache_budget', 0))}, errors {errors}"
     )
 
@@ -83,17 +99,20 @@ def format_summary(snap: dict[str, Any]) -> str:
     requested = int(c.get("bytes_requested", 0))
     prefetched = int(c.get("bytes_fetched_prefetch", 0))
     errors = snap.get("errors", {})
+    # ratios of nothing are shown as "-", not as 0
+    hit = d.get("hit_ratio", 0) if requested else None
+    amplification = d.get("amplification", 0) if requested else None
+    accuracy = d.get("prefetch_accuracy", 0) if requested and prefetched else None
     lines = [
         f"fastfs mount {mount.get('mountpoint', '?')} (source {mount.get('source', '?')}, pid {mount.get('pid', '?')}),"
         f" up {_duration(uptime)}",
         f"  requested          {human_bytes(requested)} in {c.get('read_requests', 0)} reads"
         f" ({human_bytes(requested / uptime if uptime > 0 else 0)}/s average)",
-        f"  served from cache  {human_bytes(c.get('bytes_served_from_cache', 0))}"
-        f" (hit ratio {_pct(d.get('hit_ratio', 0))})",
+        f"  served from cache  {human_bytes(c.get('bytes_served_from_cache', 0))} (hit ratio {_pct(hit)})",
         f"  fetched            {human_bytes(_fetched(c))}: demand {human_bytes(c.get('bytes_fetched_demand', 0))},"
         f" prefetch {human_bytes(prefetched)}",
-        f"  amplification      {d.get('amplification', 0):.2f} (fetched / requested)",
-        f"  prefetch accuracy  {_pct(d.get('prefetch_accuracy', 0)) if prefetched else '-'}"
+        f"  amplification      {_ratio(amplification)} (fetched / requested)",
+        f"  prefetch accuracy  {_pct(accuracy)}"
         f" (used {human_bytes(c.get('bytes_prefetch_used', 0))}),"
         f" wasted {human_bytes(c.get('bytes_prefetch_wasted', 0))}",
         f"  cache              {human_bytes(g.get('cache_bytes', 0))} of {human_bytes(g.get('cache_budget', 0))}"
@@ -115,9 +134,14 @@ def format_summary(snap: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def top_rows(snap: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """The *n* rows of the snapshot's top files with the most bytes fetched, most first."""
+    return sorted(snap.get("top_files", []), key=lambda r: r.get("fetched", 0), reverse=True)[: max(0, n)]
+
+
 def format_top(snap: dict[str, Any], n: int) -> str:
     """Files by bytes fetched from the source, with their amplification."""
-    rows = sorted(snap.get("top_files", []), key=lambda r: r.get("fetched", 0), reverse=True)[: max(0, n)]
+    rows = top_rows(snap, n)
     if not rows:
         return "no file has been fetched yet"
     out = [f"{'fetched':>12} {'delivered':>12} {'amp':>6}  path"]
@@ -132,7 +156,7 @@ def format_top(snap: dict[str, Any], n: int) -> str:
 
 def read_snapshot(mountpoint: str) -> dict[str, Any]:
     """The snapshot of the fastfs mount at *mountpoint*; :class:`StatsError` otherwise."""
-    from fastfs.daemon.mount import FSTYPE, find_mount
+    from fastfs.daemon.mount import find_mount, is_fastfs
 
     try:
         os.stat(mountpoint)
@@ -144,7 +168,7 @@ def read_snapshot(mountpoint: str) -> dict[str, Any]:
         entry = find_mount(mountpoint)
     except OSError as e:
         raise StatsError(f"cannot read the mount table: {e.strerror}") from None
-    if entry is None or entry.fstype != FSTYPE:
+    if not is_fastfs(entry):
         raise StatsError(f"{mountpoint} is not a fastfs mount")
     path = os.path.join(mountpoint, STATS_RELPATH)
     try:
@@ -266,7 +290,11 @@ def main(args: Any) -> int:
     if args.watch is not None:
         return watch(args.mountpoint, args.watch)
     snap = read_snapshot(args.mountpoint)
+    if args.top is not None and args.top > STATS_TOP_FILES:
+        print(f"fastfs stats: the daemon lists at most {STATS_TOP_FILES} files; showing those", file=sys.stderr)
     if args.json:
+        if args.top is not None:
+            snap["top_files"] = top_rows(snap, args.top)
         print(json.dumps(snap, indent=2))
     elif args.top is not None:
         print(format_top(snap, args.top))

@@ -1,21 +1,34 @@
-"""``fastfs warm PATH... [-j N]``: load files of a fastfs mount into its RAM cache ahead of a job.
+"""``fastfs warm``: load files of a fastfs mount into its RAM cache ahead of a job, report what is
+cached, or drop it again.
 
-Design: the command never reads file data itself. For every regular file under the given paths
-(files, or directory trees walked with ``os.walk`` without following symlinks) it asks the daemon
-through the mount's extended-attribute control channel: ``getxattr(FILE, "user.fastfs.warm")``
-makes the daemon prefetch that file and answers, once the data is resident, with JSON
-``{"files": n, "bytes": n, "seconds": s}`` (plus ``"declined"`` when the cache budget was full).
-Requests run *jobs* at a time in a thread pool (each one blocks in the kernel while the daemon
-works, so threads overlap them), with a bounded number in flight so a tree of millions of files
-does not queue millions of futures.
+    fastfs warm PATH... [--from-file LIST] [-j N]     # fetch into the cache now
+    fastfs warm --check PATH...                        # how much of each PATH is cached (fetches nothing)
+    fastfs warm --evict PATH...                        # drop the cached blocks of the files under PATH
 
-Every path must lie inside a fastfs mount: the nearest mount point above it must hold
-``.fastfs/stats``; otherwise the command prints one line and exits 1 before doing anything.
-Per-file failures are counted, at most :data:`MAX_ERRORS_SHOWN` are printed (one line each), and
-the exit status is 1 if any file failed. A daemon without warm support answers ENOTSUP (or
-ENODATA); the command then says so once and stops.
+PATHs are files or directories inside fastfs mounts; ``--from-file LIST`` adds one path per line of
+LIST (``-`` reads standard input; empty lines are ignored), so a pipeline can hand over its file
+list. Every path is checked before anything starts: a missing path or one outside a fastfs mount is
+one line on stderr and exit 1.
 
-Output: a progress bar in bytes on stderr (only on a terminal) and one summary line on stdout.
+Warming. The command never reads file data itself. For each PATH it asks the daemon, through the
+mount's control channel (:mod:`fastfs.daemon.control`), to start a background warm job
+(``getxattr(PATH, "user.fastfs.warm")`` answers ``{"job": ID}`` at once) and polls the job's
+progress (``user.fastfs.warm.ID`` of the mount root) until it is done. Up to ``-j`` jobs run at once
+(the daemon also bounds the jobs of one user; when it answers EAGAIN the command waits for one of
+its own to finish). The daemon warms only what the calling user could read through the mount, and
+walks directories itself. Progress on a terminal: a bar in files (the totals grow while the daemon
+lists a tree) with bytes beside it.
+
+Exit status: 0 when everything asked for is now in the cache; 1 otherwise — a file failed (an
+error, or a source read that timed out), was only partly cached (the cache budget was full),
+was evicted again before the warm ended (more data than the budget), or was skipped because the
+user may not read it; also when the daemon cannot warm at all. Each reason is one line on stderr
+(at most :data:`MAX_ERRORS_SHOWN` file errors are listed), then one summary line on stdout.
+
+``--check`` walks the paths (as the user, through the mount) and asks, per file, how many of its
+bytes the cache holds (``user.fastfs.cached``): one line per PATH, exit 0 only when every file is
+entirely cached. ``--evict`` asks the daemon to drop each file's cached blocks
+(``user.fastfs.evict``). All sizes are in binary units (KiB, MiB, GiB) and rates in MiB/s.
 """
 
 from __future__ import annotations
@@ -27,63 +40,83 @@ import json
 import os
 import stat
 import sys
-import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, TextIO
 
-from tqdm import tqdm
+from fastfs.daemon.control import CONTROL_NAME, XATTR_CACHED, XATTR_EVICT, XATTR_WARM, warm_job_xattr
 
-XATTR_WARM = "user.fastfs.warm"
-STATS_RELPATH = os.path.join(".fastfs", "stats")
-CONTROL_DIR = ".fastfs"
-# Parallel warm requests by default: enough to keep the daemon's pread pool busy on small files.
-DEFAULT_JOBS = 8
-# Most parallel requests accepted (each is one blocked thread here and one FUSE worker in the daemon).
+# Warm jobs run at once by default (the daemon allows 8 per user).
+DEFAULT_JOBS = 4
+# Most parallel requests accepted.
 MAX_JOBS = 256
-# Requests queued per job beyond those running: keeps workers fed without holding the whole tree.
-QUEUE_PER_JOB = 4
+# Seconds between progress polls: from the first, doubling while nothing changes, up to the last.
+POLL_FIRST = 0.005
+POLL_MAX = 0.25
 # Per-file failures printed; the rest are only counted.
 MAX_ERRORS_SHOWN = 10
-# errno values meaning the daemon has no warm control (older daemon or not a fastfs file).
+# errno values meaning the daemon has no such control (an older daemon, or not a fastfs file).
 UNSUPPORTED = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENODATA}
+# errno values of a daemon that has no room for another job right now.
+BUSY = {errno.EAGAIN, errno.EBUSY}
 PROG = "fastfs warm"
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 class WarmError(Exception):
     """A problem with the command line (bad path, not a fastfs mount); one-line message."""
 
 
-@dataclass
-class Result:
-    """What a warm run did."""
-
-    files: int = 0
-    bytes: int = 0
-    failed: int = 0
-    skipped: int = 0  # files never asked for because the daemon cannot warm
-    partial: int = 0  # files the daemon warmed only in part (its cache budget was full)
-    errors: list[str] = field(default_factory=list)
-    unsupported: str = ""
+def human(n: float) -> str:
+    """Bytes in binary units: 1536 -> '1.5 KiB'."""
+    n = float(n)
+    for unit in _UNITS:
+        if abs(n) < 1024 or unit == _UNITS[-1]:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} {_UNITS[-1]}"  # pragma: no cover
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``fastfs warm`` (for the CLI's subcommand parser)."""
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="file or directory inside a fastfs mount")
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="file or directory inside a fastfs mount")
     parser.add_argument(
-        "-j", "--jobs", type=int, default=DEFAULT_JOBS, help=f"parallel requests (default {DEFAULT_JOBS})"
+        "--from-file",
+        metavar="LIST",
+        action="append",
+        default=[],
+        help="also the paths in LIST, one a line (- : stdin)",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="report how much of each path is cached; fetch nothing")
+    mode.add_argument("--evict", action="store_true", help="drop the cached blocks of the files under each path")
+    parser.add_argument(
+        "-j", "--jobs", type=int, default=DEFAULT_JOBS, metavar="N", help=f"requests at once (default {DEFAULT_JOBS})"
     )
 
 
+# -- paths ------------------------------------------------------------------------------------------
+def read_list(name: str, stdin: TextIO | None = None) -> list[str]:
+    """The paths in list file *name* (``-``: standard input), one a line, empty lines skipped."""
+    try:
+        if name == "-":
+            stream = stdin or sys.stdin
+            data = stream.buffer.read() if hasattr(stream, "buffer") else os.fsencode(stream.read())
+        else:
+            with open(name, "rb") as f:
+                data = f.read()
+    except OSError as e:
+        raise WarmError(f"{name}: {e.strerror}") from None
+    return [os.fsdecode(line.rstrip(b"\r")) for line in data.split(b"\n") if line.strip()]
+
+
 def find_mount_root(path: str) -> str | None:
-    """The fastfs mount root holding *path*, or None when the nearest mount point is not fastfs."""
-    current = os.path.abspath(path)
-    while True:
-        if os.path.ismount(current):
-            return current if os.path.exists(os.path.join(current, STATS_RELPATH)) else None
-        parent = os.path.dirname(current)
-        if parent == current:
-            return None
-        current = parent
+    """The mount point of the fastfs mount holding *path*, or None when it lies on anything else."""
+    from fastfs.daemon.mount import containing_mount, is_fastfs
+
+    entry = containing_mount(path)
+    return entry.mountpoint if is_fastfs(entry) else None
 
 
 def _resolve(path: str) -> str:
@@ -92,146 +125,333 @@ def _resolve(path: str) -> str:
     return os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute))
 
 
-def collect(paths: list[str]) -> list[tuple[str, int]]:
-    """Regular files (path, size) under *paths*, validated to lie in fastfs mounts; raises WarmError."""
-    files: list[tuple[str, int]] = []
+def validate(paths: Iterable[str], covered_too: bool = True) -> list[tuple[str, str]]:
+    """(absolute path, its mount root) of every path, each checked; raises WarmError for the first bad one.
+
+    A path named twice is kept once; with *covered_too* so is one inside a directory also named (the
+    directory's warm covers it).
+    """
+    checked: list[tuple[str, str, bool]] = []
     seen: set[str] = set()
     for arg in paths:
         path = _resolve(arg)
+        root = find_mount_root(path)
         try:
             st = os.lstat(path)
         except OSError as e:
+            if e.errno == errno.ENOTCONN and root is not None:
+                raise WarmError(f"{arg}: the fastfs daemon is not running (run: fastfs umount {root})") from None
             raise WarmError(f"{arg}: {e.strerror}") from None
-        root = find_mount_root(path)
         if root is None:
             raise WarmError(f"{arg}: not inside a fastfs mount")
-        if stat.S_ISREG(st.st_mode):
-            if path not in seen:
-                seen.add(path)
-                files.append((path, st.st_size))
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            continue  # symlinks and special files are not followed or warmed
-        for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
-            if dirpath == root and CONTROL_DIR in dirnames:
-                dirnames.remove(CONTROL_DIR)
-            dirnames.sort()
-            for name in sorted(filenames):
-                full = os.path.join(dirpath, name)
-                try:
-                    fst = os.lstat(full)
-                except OSError:
-                    continue  # vanished since the listing
-                if stat.S_ISREG(fst.st_mode) and full not in seen:
-                    seen.add(full)
-                    files.append((full, fst.st_size))
-    return files
+        if path not in seen:
+            seen.add(path)
+            checked.append((path, root, stat.S_ISDIR(st.st_mode)))
+    dirs = {path for path, _, is_dir in checked if is_dir} if covered_too else set()
+
+    def covered(path: str) -> bool:
+        parent = os.path.dirname(path)
+        while parent != path:
+            if parent in dirs:
+                return True
+            path, parent = parent, os.path.dirname(parent)
+        return False
+
+    return [(path, root) for path, root, _ in checked if not covered(path)]
 
 
-def warm_file(path: str) -> dict:
-    """Ask the daemon to prefetch *path*; returns its JSON answer (raises OSError / ValueError)."""
-    answer = json.loads(os.getxattr(path, XATTR_WARM, follow_symlinks=False))
+def walk_files(path: str, root: str, skipped: list[str]) -> Iterator[tuple[str, int]]:
+    """Regular files (path, size) under *path* as this user sees them through the mount (symlinks not
+    followed, the control directory left out); directories it cannot list are added to *skipped*."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        skipped.append(f"{path}: {e.strerror}")
+        return
+    if stat.S_ISREG(st.st_mode):
+        yield path, st.st_size
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        return
+
+    def onerror(e: OSError) -> None:
+        skipped.append(f"{e.filename}: {e.strerror}")
+
+    for dirpath, dirnames, filenames in os.walk(path, onerror=onerror, followlinks=False):
+        if dirpath == root and CONTROL_NAME in dirnames:
+            dirnames.remove(CONTROL_NAME)
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            try:
+                fst = os.lstat(full)
+            except OSError:
+                continue
+            if stat.S_ISREG(fst.st_mode):
+                yield full, fst.st_size
+
+
+def _ask(path: str, name: str) -> dict[str, Any]:
+    answer = json.loads(os.getxattr(path, name, follow_symlinks=False))
     if not isinstance(answer, dict):
         raise ValueError("unexpected answer from the daemon")
     return answer
 
 
-def run(files: list[tuple[str, int]], jobs: int, progress: tqdm | None = None) -> Result:
-    """Warm *files* with *jobs* parallel requests."""
-    result = Result()
-    lock = threading.Lock()
-    stop = threading.Event()
+# -- warming ----------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    """What a run did (warm: job totals; check and evict: per-file sums)."""
 
-    def one(path: str, size: int) -> None:
-        if stop.is_set():
-            with lock:
-                result.skipped += 1
+    files_total: int = 0
+    bytes_total: int = 0
+    files_done: int = 0
+    bytes_done: int = 0
+    cached_files: int = 0  # warm: files now entirely in the cache
+    failed: int = 0
+    declined: int = 0
+    skipped: int = 0
+    evicted: int = 0
+    errors: list[str] = field(default_factory=list)
+    unsupported: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """Everything asked for is cached."""
+        return not (self.failed or self.declined or self.skipped or self.evicted or self.unsupported or self.errors)
+
+
+@dataclass
+class _Job:
+    path: str
+    root: str
+    id: int
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+class _Progress:
+    """A files bar with bytes beside it, on stderr when it is a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=0, unit="file", desc="warm", file=sys.stderr, leave=False)
+
+    def show(self, files_done: int, files_total: int, bytes_done: int, bytes_total: int) -> None:
+        if self.bar is None:
             return
-        try:
-            answer = warm_file(path)
-            got = int(answer.get("bytes", size))
-        except OSError as e:
-            with lock:
+        self.bar.total = max(files_total, files_done)
+        self.bar.n = files_done
+        self.bar.set_postfix_str(f"{human(bytes_done)} of {human(bytes_total)}", refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_warm(items: list[tuple[str, str]], jobs: int, progress: _Progress | None = None) -> Result:
+    """Warm every (path, root) with up to *jobs* daemon jobs at once; returns the summed reports."""
+    result = Result()
+    queue = list(reversed(items))
+    running: list[_Job] = []
+    finished: list[dict[str, Any]] = []
+    poll = POLL_FIRST
+    while queue or running:
+        started = False
+        while queue and len(running) < jobs:
+            path, root = queue[-1]
+            try:
+                answer = _ask(path, XATTR_WARM)
+            except OSError as e:
+                if e.errno in BUSY and running:
+                    break  # the daemon's bound: wait for one of ours
+                if e.errno in BUSY:
+                    time.sleep(POLL_MAX)  # someone else's jobs: wait for the daemon to make room
+                    break
+                queue.pop()
                 if e.errno in UNSUPPORTED:
-                    stop.set()
-                    if not result.unsupported:
-                        result.unsupported = f"{path}: the fastfs daemon cannot warm files ({e.strerror})"
-                    result.skipped += 1
-                    return
+                    result.unsupported = f"{path}: the fastfs daemon cannot warm files ({e.strerror})"
+                    queue.clear()
+                    break
                 result.failed += 1
                 result.errors.append(f"{path}: {e.strerror or e}")
-            return
-        except (ValueError, TypeError) as e:
-            with lock:
+                continue
+            except ValueError as e:
+                queue.pop()
                 result.failed += 1
                 result.errors.append(f"{path}: bad answer from the daemon: {e}")
-            return
-        with lock:
-            result.files += 1
-            result.bytes += got
-            if answer.get("declined"):
-                result.partial += 1
+                continue
+            queue.pop()
+            if not isinstance(answer.get("job"), int):
+                result.unsupported = f"{path}: the fastfs daemon predates warm jobs (remount to update it)"
+                queue.clear()
+                break
+            running.append(_Job(path, root, answer["job"]))
+            started = True
+        changed = started
+        for job in list(running):
+            try:
+                report = _ask(job.root, warm_job_xattr(job.id))
+            except (OSError, ValueError) as e:
+                running.remove(job)
+                result.failed += 1
+                result.errors.append(f"{job.path}: lost track of the warm job: {getattr(e, 'strerror', None) or e}")
+                changed = True
+                continue
+            if report != job.report:
+                changed = True
+            job.report = report
+            if report.get("done"):
+                running.remove(job)
+                finished.append(report)
+        reports = finished + [j.report for j in running]
         if progress is not None:
-            progress.update(size)
-
-    with cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="warm") as pool:
-        pending: set[cf.Future] = set()
-        for path, size in files:
-            if len(pending) >= jobs * (1 + QUEUE_PER_JOB):
-                done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-                for f in done:
-                    f.result()
-            pending.add(pool.submit(one, path, size))
-        for f in cf.as_completed(pending):
-            f.result()
+            progress.show(*(sum(int(r.get(k, 0)) for r in reports) for k in _BAR_KEYS))
+        if running:
+            poll = POLL_FIRST if changed else min(POLL_MAX, poll * 2)
+            time.sleep(poll)
+    for report in finished:
+        for key in ("files_total", "bytes_total", "files_done", "bytes_done", "failed", "declined", "skipped"):
+            setattr(result, key, getattr(result, key) + int(report.get(key, 0)))
+        result.evicted += int(report.get("evicted", 0))
+        result.cached_files += max(
+            0, int(report.get("files_done", 0)) - int(report.get("failed", 0)) - int(report.get("declined", 0))
+        )
+        result.errors.extend(str(e) for e in report.get("errors", []))
     return result
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
+_BAR_KEYS = ("files_done", "files_total", "bytes_done", "bytes_total")
+
+
+# -- check and evict ----------------------------------------------------------------------------------
+def run_per_file(items: list[tuple[str, str]], name: str, jobs: int, out: TextIO) -> Result:
+    """``--check`` (name: cached) or ``--evict``: one request per file under each path, *jobs* at once;
+    for --check one line per path on *out*."""
+    result = Result()
+    check = name == XATTR_CACHED
+    with cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="warm") as pool:
+        for path, root in items:
+            skipped: list[str] = []
+            files = list(walk_files(path, root, skipped))
+            result.skipped += len(skipped)
+            result.errors.extend(f"{s} (skipped)" for s in skipped)
+            sums = {"files": 0, "cached_files": 0, "size": 0, "cached": 0, "evicted": 0}
+            for (file_path, size), outcome in zip(
+                files, pool.map(_ask_or_error(name), [f for f, _ in files]), strict=True
+            ):
+                if isinstance(outcome, str):
+                    result.failed += 1
+                    result.errors.append(f"{file_path}: {outcome}")
+                    continue
+                sums["files"] += 1
+                sums["size"] += int(outcome.get("size", size))
+                sums["cached"] += int(outcome.get("cached", 0))
+                sums["evicted"] += int(outcome.get("evicted", 0))
+                if check and int(outcome.get("cached", 0)) >= int(outcome.get("size", size)):
+                    sums["cached_files"] += 1
+            result.files_total += len(files)
+            result.files_done += sums["cached_files"] if check else sums["files"]
+            result.bytes_total += sums["size"]
+            result.bytes_done += sums["cached"] if check else sums["evicted"]
+            if check:
+                share = sums["cached"] / sums["size"] if sums["size"] else 1.0
+                print(
+                    f"{path}: {sums['cached_files']} of {len(files)} files cached, {human(sums['cached'])} of"
+                    f" {human(sums['size'])} ({100 * share:.1f}%)",
+                    file=out,
+                )
+                if sums["cached_files"] < len(files):
+                    result.declined += len(files) - sums["cached_files"]
+    return result
+
+
+def _ask_or_error(name: str):
+    def ask(path: str) -> dict[str, Any] | str:
+        try:
+            return _ask(path, name)
+        except OSError as e:
+            return e.strerror or str(e)
+        except ValueError as e:
+            return f"bad answer from the daemon: {e}"
+
+    return ask
+
+
+# -- main -------------------------------------------------------------------------------------------
+def _report_errors(result: Result) -> None:
+    for line in result.errors[:MAX_ERRORS_SHOWN]:
+        print(f"{PROG}: {line}", file=sys.stderr)
+    if len(result.errors) > MAX_ERRORS_SHOWN:
+        print(f"{PROG}: ... and {len(result.errors) - MAX_ERRORS_SHOWN} more", file=sys.stderr)
 
 
 def main(args: argparse.Namespace) -> int:
-    """Entry point of ``fastfs warm`` (*args*: ``paths``, ``jobs``); returns the exit status."""
+    """Entry point of ``fastfs warm`` (*args*: paths, from_file, check, evict, jobs); the exit status."""
     jobs = getattr(args, "jobs", None) or DEFAULT_JOBS
     if not 1 <= jobs <= MAX_JOBS:
         print(f"{PROG}: -j must be between 1 and {MAX_JOBS}", file=sys.stderr)
         return 1
     try:
-        files = collect(list(args.paths))
+        paths = list(args.paths)
+        for name in getattr(args, "from_file", None) or []:
+            paths += read_list(name)
+        if not paths:
+            raise WarmError("no paths given (PATH arguments or --from-file LIST)")
+        per_file = bool(getattr(args, "check", False) or getattr(args, "evict", False))
+        items = validate(paths, covered_too=not per_file)
     except WarmError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
-    total = sum(size for _, size in files)
     start = time.monotonic()
-    with tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc="warm",
-        file=sys.stderr,
-        disable=not sys.stderr.isatty(),
-        leave=False,
-    ) as bar:
-        result = run(files, jobs, bar)
+    if per_file:
+        check = bool(getattr(args, "check", False))
+        result = run_per_file(items, XATTR_CACHED if check else XATTR_EVICT, jobs, sys.stdout)
+        _report_errors(result)
+        if check:
+            cached_share = result.bytes_done / result.bytes_total if result.bytes_total else 1.0
+            print(
+                f"cached: {result.files_done} of {result.files_total} files, {human(result.bytes_done)} of"
+                f" {human(result.bytes_total)} ({100 * cached_share:.1f}%)"
+            )
+            return 0 if result.complete else 1
+        print(f"evicted {human(result.bytes_done)} from {result.files_done} files")
+        return 0 if not (result.failed or result.errors) else 1
+    progress = _Progress(sys.stderr.isatty())
+    try:
+        result = run_warm(items, jobs, progress)
+    finally:
+        progress.close()
     seconds = time.monotonic() - start
-    for line in result.errors[:MAX_ERRORS_SHOWN]:
-        print(f"{PROG}: {line}", file=sys.stderr)
-    if len(result.errors) > MAX_ERRORS_SHOWN:
-        print(f"{PROG}: ... and {len(result.errors) - MAX_ERRORS_SHOWN} more failed files", file=sys.stderr)
+    _report_errors(result)
     if result.unsupported:
-        print(f"{PROG}: {result.unsupported}; {result.skipped} files not warmed", file=sys.stderr)
-    if result.partial:
-        print(f"{PROG}: {result.partial} files only partly cached: the cache budget is full", file=sys.stderr)
-    rate = result.bytes / seconds / 1e9 if seconds > 0 else 0.0
-    failed = f", {result.failed} failed" if result.failed else ""
-    print(f"warmed {result.files} files, {_human(result.bytes)} in {seconds:.2f} s ({rate:.2f} GB/s){failed}")
-    return 1 if result.failed or result.unsupported else 0
+        print(f"{PROG}: {result.unsupported}", file=sys.stderr)
+    if result.declined:
+        print(f"{PROG}: {result.declined} files only partly cached: the cache budget is full", file=sys.stderr)
+    if result.evicted:
+        print(
+            f"{PROG}: {human(result.evicted)} of this warm was evicted again to make room: the data is larger"
+            " than the cache budget",
+            file=sys.stderr,
+        )
+    if result.skipped:
+        print(f"{PROG}: {result.skipped} files or directories skipped: no permission to read them", file=sys.stderr)
+    cached = result.cached_files
+    rate = result.bytes_done / seconds / (1 << 20) if seconds > 0 else 0.0
+    extra = "".join(
+        f", {n} {what}"
+        for n, what in (
+            (result.failed, "failed"),
+            (result.declined, "partly cached"),
+            (result.skipped, "skipped"),
+        )
+        if n
+    )
+    print(f"warmed {cached} files, {human(result.bytes_done)} in {seconds:.2f} s ({rate:.1f} MiB/s){extra}")
+    return 0 if result.complete else 1
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ class Block:
         "used",
         "pins",
         "job",
+        "owner",
     )
 
     def __init__(self, key: tuple, start: int, buf: mmap.mmap | bytearray, capacity: int, prefetched: bool) -> None:
@@ -72,6 +73,7 @@ class Block:
         self.used = False
         self.pins = 0
         self.job: object | None = None  # the queued fill, so a waiting reader can promote it
+        self.owner: object | None = None  # a warm that wants to hear of its eviction (``owner.evicted(n)``)
 
 
 class BlockCache:
@@ -153,6 +155,9 @@ class BlockCache:
     def _account_evictions(self, evicted: list[Block]) -> None:
         for victim in evicted:
             self.stats.add(m.EVICTIONS)
+            owner = victim.owner
+            if owner is not None:
+                owner.evicted(victim.length)
             if victim.prefetched and not victim.used and victim.state == READY:
                 self.stats.add(m.BYTES_PREFETCH_WASTED, victim.length)
 
@@ -245,6 +250,16 @@ class BlockCache:
                     self._drop(block, keep_buffer=False)
                     dropped += 1
         return dropped
+
+    def cached_bytes(self, file_key: Hashable) -> int:
+        """Bytes of the file version held in ready blocks (its head windows aside)."""
+        with self._lock:
+            total = 0
+            for index in self._by_file.get(file_key, ()):
+                block = self._blocks.get((file_key, index))
+                if index >= 0 and block is not None and block.state == READY:
+                    total += block.length
+            return total
 
     def set_budget(self, budget: int) -> None:
         """Change the budget (reload); evicts down to it where possible."""

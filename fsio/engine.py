@@ -30,9 +30,10 @@ demand reads land in a private bounce buffer first, so a late completion never w
 buffer the kernel already took back.
 
 Opens. Close-to-open consistency, as NFS: each open revalidates the source (open + fstat) and
-builds the file key (device, inode, size, mtime, ctime). The kernel keeps its page cache across
-opens (``keep_cache``) only when the key equals the one this path had last time; when it changed,
-the kernel's attributes and pages of the path are invalidated before the open returns. The one
+builds the file key (device, inode, size, mtime, ctime); an open for an inode of another version
+(``expect``) fails with ESTALE. The kernel has one inode per version (the daemon's node table), so
+its page cache of a version is never stale. The route of an open (served through this engine, or
+passthrough to the source file) is chosen here (:func:`~fastfs.fsio.policy.choose_route`). The one
 exception is a file fetched whole by a small-file scan in the last ``attr_timeout`` seconds: its
 open and lookups are answered from the metadata the scan fetched, like the kernel's own attribute
 cache, which is what makes a directory scan fast on high-latency storage.
@@ -43,7 +44,7 @@ at most :data:`SCAN_LEAD_FILES` ahead of the reader. With learning on, the set o
 directory's readers opened is recorded and, on the next epoch or after a remount, a scan of that
 set starts on the first open.
 
-Concurrency: ``_lock`` guards ``_handles``, ``_entries``, ``_versions``, ``_open_versions``,
+Concurrency: ``_lock`` guards ``_handles``, ``_entries``, ``_last_key``,
 ``_implicit``, ``_meta`` and source-file reference counts. Each :class:`FileEntry` has its own lock
 guarding its policy and range plan; each :class:`DirScan` its own lock guarding its scan state. No
 lock is held across I/O or while waiting for a block; the cache and pool document their own locks.
@@ -60,7 +61,6 @@ import functools
 import logging
 import mmap
 import os
-import stat
 import threading
 import time
 from collections import OrderedDict, deque
@@ -74,8 +74,8 @@ from fastfs.fsio import formats
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import FAILED, READY, Block, BlockCache, round_up
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED, RangePlan, ScanPolicy, StreamPolicy, choose_route
-from fastfs.fsio.pool import PreadPool
-from fastfs.fsio.source import CACHED_SHARE, DIRECT_ALIGN, Source, SourceFile, cached_share, split
+from fastfs.fsio.pool import FileGroup, PreadPool
+from fastfs.fsio.source import CACHED_SHARE, DIRECT_ALIGN, Source, SourceFile, cached_share, split, stat_key
 from fastfs.fsio.trace import DecisionLog
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ SCAN_PARALLEL = 32
 MAX_DIRS = 1024
 # Paths whose scan-fetched metadata is remembered.
 MAX_META = 200_000
-# Paths whose last file key is remembered for keep_cache decisions.
+# Paths whose last file key is remembered (a new version frees the old one's blocks at once).
 MAX_VERSIONS = 100_000
 # Open-less readers (fuse.no_open) tracked; least recently used closed first.
 MAX_IMPLICIT = 256
@@ -132,6 +132,12 @@ _AFTER_ANY = float("inf")
 # Seconds a read waits when an earlier read of the same data already timed out (the kernel retries
 # a failed request at once; the source may also have come back meanwhile).
 RETRY_WAIT = 1.0
+# While reads of a file are stuck on the source (a reader timed out and they have not returned),
+# new reads of it fail at once, except one per this many seconds that tries the source again.
+STUCK_PROBE_SECONDS = 5.0
+# Seconds a read of such a file waits for the stuck reads to return before it fails (a source that
+# has just come back answers them within milliseconds).
+UNSTUCK_WAIT = 0.25
 # Bytes delivered from one file version before its per-file counts join the shared top-files table.
 FILE_STATS_BATCH = 4 * 1024 * 1024
 # Seconds between saves of the learned access sets.
@@ -182,9 +188,19 @@ class FileEntry:
     mmap_seen: bool = False
     heads: tuple[tuple[int, int, int], ...] = ()  # (start, end, cache index) of fetched head windows, by
     # start (replaced whole, read without lock)
-    stuck: int = 0  # direct reads still running after their reader timed out (guarded by lock)
+    stuck: int = 0  # source reads (direct or block fills) still running after a reader timed out on
+    # them (guarded by lock); while > 0 new reads fail fast (see Engine._fail_fast)
+    probe_at: float = 0.0  # monotonic time the last read was let through to a stuck file (guarded by lock)
+    unstuck: threading.Event = field(default_factory=lambda: _set(threading.Event()))  # set while
+    # stuck == 0 (changed under lock)
+    group: FileGroup = field(default_factory=FileGroup)  # this version's jobs in the pool (the pool's lock)
     delivered: int = 0  # bytes delivered, not yet added to the top-files table (guarded by lock)
     direct: int = 0  # bytes read from the source for them outside blocks, likewise
+
+
+def _set(event: threading.Event) -> threading.Event:
+    event.set()
+    return event
 
 
 @dataclass
@@ -223,7 +239,7 @@ class Engine:
         self.source = Source(source, direct=ra.source_direct_io, streams=ra.source_streams)
         self.block_size = self.config.cache.block_size
         self.cache = BlockCache(self.config.cache.budget or default_budget(), self.block_size, self.stats)
-        self.pool = PreadPool(self.config.cache.workers)
+        self.pool = PreadPool(self.config.cache.workers, file_workers=self.config.cache.file_workers)
         self._lock = threading.Lock()
         self._handles: dict[int, FileEntry] = {}
         self._entries: dict[tuple, FileEntry] = {}
@@ -377,7 +393,7 @@ class Engine:
                 entry = FileEntry(path, key, size, src, st, self._new_policy(size))
                 self._entries[key] = entry
                 src = None
-            elif entry.src is None and src is not None:
+            if entry.src is None and src is not None:
                 entry.src, src = src, None
             entry.handles += 1
             previous = self._last_key.get(path)
@@ -404,14 +420,20 @@ class Engine:
             src = None
             last_handle = entry.handles == 0
             if last_handle:
-                if self._entries.get(entry.key) is entry:
-                    del self._entries[entry.key]
+                if self._entries.get(entry.key) is entry and not entry.stuck:
+                    del self._entries[entry.key]  # (kept while reads are stuck: the next open knows)
                 src, entry.src = entry.src, None
         if last_handle:
             self._account_file(entry, 0, 0, flush=True)
             self._learn_load(entry)
         if src is not None:
             self._put_source(src)
+
+    def _unstuck(self, entry: FileEntry) -> None:
+        """The last stuck read of *entry* returned: forget the entry if it was kept only for that."""
+        with self._lock:
+            if entry.handles == 0 and not entry.stuck and self._entries.get(entry.key) is entry:
+                del self._entries[entry.key]
 
     def _put_source(self, src: SourceFile) -> None:
         with self._lock:
@@ -653,16 +675,23 @@ class Engine:
         failed (errors are never cached: the caller reads the source directly).
         """
         ready = block.state == READY
+        if block.state == FAILED:
+            return -1, 0
         if not ready:
+            if self._fail_fast(entry):
+                self._failed_fast(entry)
             fill = block.job
             if fill is not None and not fill.demand:
                 for job in fill.jobs:
                     self.pool.promote(job)
-            # an earlier reader already gave up on this fill: later ones (the kernel's own retry of
-            # the failed request) wait only briefly for the source to come back
-            wait = min(timeout, RETRY_WAIT) if timeout and block.errno == errno.ETIMEDOUT else timeout
+            # an earlier reader already gave up on this fill or on another read of the file (this is
+            # the read let through to try the source): wait only briefly for the source to come back
+            retry = block.errno == errno.ETIMEDOUT or entry.stuck
+            wait = min(timeout, RETRY_WAIT) if timeout and retry else timeout
             if not block.done.wait(wait):
                 block.errno = errno.ETIMEDOUT
+                if isinstance(fill, _Preads):
+                    fill.abandon()
                 self._timed_out(entry)
         if block.state == FAILED:
             return -1, 0
@@ -688,6 +717,28 @@ class Engine:
         self.stats.error("ETIMEDOUT")
         raise OSError(errno.EIO, "source read timed out", entry.path)
 
+    def _fail_fast(self, entry: FileEntry) -> bool:
+        """True when a read of *entry* should fail at once: earlier source reads of it are stuck (a
+        reader timed out on them and they have not returned), so a new one would only queue behind
+        them. One read per :data:`STUCK_PROBE_SECONDS` is let through to notice a source that is back."""
+        if not entry.stuck:
+            return False
+        # the stuck reads may be returning right now (a source that came back): wait a moment for them
+        if entry.unstuck.wait(UNSTUCK_WAIT):
+            return False
+        now = time.monotonic()
+        with entry.lock:
+            if not entry.stuck:
+                return False
+            if now - entry.probe_at >= STUCK_PROBE_SECONDS:
+                entry.probe_at = now
+                return False
+        return True
+
+    def _failed_fast(self, entry: FileEntry) -> None:
+        self.stats.add(m.FAST_FAILS)
+        raise OSError(errno.EIO, "source reads of this file are stuck", entry.path)
+
     def _read_direct(self, entry: FileEntry, pos: int, view: memoryview) -> int:
         """Demand read of exactly ``view`` from the source (no caching), bounded by read_timeout.
 
@@ -697,8 +748,10 @@ class Engine:
         of a latency-bound source is cut by the source's own small read-ahead into round trips one
         after the other, and one stream's bandwidth would bound it.
         """
-        src = self._get_source(entry)
         timeout = self.config.readahead.read_timeout
+        if timeout and self._fail_fast(entry):
+            self._failed_fast(entry)
+        src = self._get_source(entry)
         length = len(view)
         aligned = length >= EXACT_ALIGNED_MIN and pos % DIRECT_ALIGN == 0
         if not timeout and not aligned:
@@ -715,13 +768,10 @@ class Engine:
 
         def finished(batch: _Preads) -> None:
             self._put_source(src)
-            if batch.abandoned:  # the source answered at last: reads of this file may wait again
-                with entry.lock:
-                    entry.stuck -= 1
             done.release()
 
         bounce = mmap.mmap(-1, size) if aligned else bytearray(length)
-        batch = _Preads(self, entry.path, src, pos, memoryview(bounce), parts, aligned, True, finished)
+        batch = _Preads(self, entry, src, pos, memoryview(bounce), parts, aligned, True, finished)
         if not timeout and len(batch.jobs) == 1:
             batch.jobs[0]()
         else:
@@ -730,12 +780,7 @@ class Engine:
         # while an earlier read of this file is stuck past the timeout, wait only briefly
         wait = (min(timeout, RETRY_WAIT) if entry.stuck else timeout) if timeout else -1
         if not done.acquire(timeout=wait):
-            with batch.guard:
-                batch.abandoned = batch.left > 0
-                if batch.abandoned:
-                    with entry.lock:
-                        entry.stuck += 1
-            if batch.abandoned:
+            if batch.abandon():
                 self._timed_out(entry)
             done.acquire()  # it finished as the wait ended: the results are in
         total = min(batch.total(), length)
@@ -791,6 +836,12 @@ class Engine:
         False when it could not be queued (source unavailable, or prefetch declined: counted as
         backpressure); the block has been failed then.
         """
+        if entry.stuck:  # no more reads queued behind the stuck ones of this file: a reader goes to
+            # _read_direct, which fails fast (or tries the source once per probe period)
+            self.cache.fail(block, 0)
+            if not demand:
+                self.stats.add(m.BACKPRESSURE)
+            return False
         try:
             src = self._get_source(entry)
         except OSError as e:
@@ -799,7 +850,7 @@ class Engine:
         want = min(block.capacity, round_up(length))
         parts = spans(want, min(self.config.readahead.source_streams, want // FILL_SPLIT_MIN))
         done = functools.partial(self._complete_fill, block, length)
-        fill = _Preads(self, entry.path, src, start, block.view, parts, True, demand, done)
+        fill = _Preads(self, entry, src, start, block.view, parts, True, demand, done)
         block.job = fill
         if demand:
             for job in fill.jobs:
@@ -1165,64 +1216,87 @@ class Engine:
             self.release(old_fh)
         return entry
 
-    # == warm =======================================================================================
+    # == for warm jobs and cache reports (fastfs.fsio.warm) ==========================================
     def warm(self, path: str) -> dict:
-        """Fetch a file or a tree into the cache now; returns counts (blocks until fetched)."""
-        t0 = time.monotonic()
-        st = self.source.lstat(path)
-        files = [path] if stat.S_ISREG(st.st_mode) else list(self._walk(path)) if stat.S_ISDIR(st.st_mode) else []
-        total_files = total_bytes = declined = 0
-        for file_path in files:
-            try:
-                entry = self._acquire_entry(file_path)
-            except OSError:
-                continue
-            with self._lock:
-                fh = self._next_fh
-                self._next_fh += 1
-                self._handles[fh] = entry
-            try:
-                blocks = []
-                for index in range((entry.size + self.block_size - 1) // self.block_size):
-                    block = self._fetch_block(entry, index, demand=False, keep_pin=True)
-                    if block is None:
-                        declined += 1
-                        break
-                    blocks.append(block)
-                for block in blocks:
-                    block.done.wait(self.config.readahead.read_timeout or None)
-                    if block.state == READY:
-                        total_bytes += block.length
-                    self.cache.unpin(block)
-                total_files += 1
-            finally:
-                self.release(fh)
-        return {
-            "files": total_files,
-            "bytes": total_bytes,
-            "declined": declined,
-            "seconds": round(time.monotonic() - t0, 3),
-        }
+        """Fetch a file or tree into the cache now, with the daemon's own rights; returns the job's
+        final progress (blocks until done). The daemon runs warms as background jobs instead."""
+        from fastfs.fsio.warm import warm_now
 
-    def _walk(self, dir_path: str):
-        stack = [dir_path]
-        while stack:
-            current = stack.pop()
-            prefix = current.rstrip("/") + "/"
-            try:
-                names = sorted(self.source.listdir(current))
-            except OSError:
-                continue
-            for name in names:
-                child = prefix + name
-                try:
-                    st = self.source.lstat(child)
-                except OSError:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(child)
-                elif stat.S_ISREG(st.st_mode):
-                    yield child
+        return warm_now(self, path)
+
+    def hold(self, path: str) -> tuple[int, FileEntry]:
+        """A handle (and the entry) of the current version of *path*, without what :meth:`open` does
+        for a reader (no format probe, scan bookkeeping, learning or open count); :meth:`release` it."""
+        entry = self._acquire_entry(path)
+        with self._lock:
+            fh = self._next_fh
+            self._next_fh += 1
+            self._handles[fh] = entry
+        return fh, entry
+
+    def passes_through(self) -> bool:
+        """True when new opens of this mount go to the kernel by passthrough (warm fills the source's
+        page cache then, since reads of those files never come to the RAM cache)."""
+        return choose_route(self.config.fuse.passthrough, self.passthrough_available, self.source.local) == (
+            ROUTE_PASSTHROUGH
+        )
+
+    def page_cache_warm(self, path: str) -> int:
+        """Ask the whole source file *path* into the source's page cache (``POSIX_FADV_WILLNEED``, in
+        requests of :data:`PASSTHROUGH_WARM_CHUNK`); returns the bytes asked. The device reads them in
+        parallel; the call does not wait for them."""
+        src = self.source.open_file(path)
+        try:
+            for offset in range(0, src.size, PASSTHROUGH_WARM_CHUNK):
+                os.posix_fadvise(src.fd, offset, min(PASSTHROUGH_WARM_CHUNK, src.size - offset), os.POSIX_FADV_WILLNEED)
+            self.stats.add(m.BYTES_PASSTHROUGH_WARMED, src.size)
+            return src.size
+        finally:
+            src.close()
+
+    def page_cache_evict(self, path: str) -> int:
+        """Drop the source's page cache of file *path* (``POSIX_FADV_DONTNEED``: clean pages only);
+        returns the bytes resident before."""
+        src = self.source.open_file(path)
+        try:
+            before = self._resident(src)
+            os.posix_fadvise(src.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            return max(0, before - self._resident(src))
+        finally:
+            src.close()
+
+    def page_cache_bytes(self, path: str) -> int:
+        """Bytes of source file *path* in the source's page cache now (cachestat)."""
+        src = self.source.open_file(path)
+        try:
+            return self._resident(src)
+        finally:
+            src.close()
+
+    @staticmethod
+    def _resident(src: SourceFile) -> int:
+        share = cached_share(src.fd, src.size)
+        return int((share or 0.0) * src.size)
+
+    def warm_block(self, entry: FileEntry, index: int) -> Block | None:
+        """Reserve block *index* of *entry* and queue its fill at prefetch priority; the block comes
+        back pinned (:meth:`BlockCache.unpin` it), FAILED when it could not be queued, or None when
+        the budget has no room for it."""
+        return self._fetch_block(entry, index, demand=False, keep_pin=True)
+
+    def abandon_block(self, entry: FileEntry, block: Block) -> None:
+        """A warm gave up waiting for *block*: its fill counts as a stuck read of the file, as when a
+        reader times out."""
+        fill = block.job
+        if block.state != READY and isinstance(fill, _Preads):
+            block.errno = errno.ETIMEDOUT
+            fill.abandon()
+            self.stats.add(m.TIMEOUTS)
+            self.stats.error("ETIMEDOUT")
+
+    def version_key(self, path: str) -> tuple[int, int, int, int, int]:
+        """Cache key of the version of *path* the source holds now (from an lstat)."""
+        return stat_key(self.source.lstat(path))
 
     # == learning ===================================================================================
     def _start_learning(self) -> None:
@@ -1281,6 +1355,7 @@ class Engine:
         checks = {
             "cache.block_size": (old.cache.block_size, config.cache.block_size),
             "cache.workers": (old.cache.workers, config.cache.workers),
+            "cache.file_workers": (old.cache.file_workers, config.cache.file_workers),
             "readahead.source_direct_io": (old.readahead.source_direct_io, config.readahead.source_direct_io),
             "readahead.source_streams": (old.readahead.source_streams, config.readahead.source_streams),
             "state.dir": (old.state.dir, config.state.dir),
@@ -1296,6 +1371,7 @@ class Engine:
             "allow_other",
             "no_open",
             "threads",
+            "request_timeout",
         ):
             checks[f"fuse.{name}"] = (getattr(old.fuse, name), getattr(config.fuse, name))
         restart = [key for key, (a, b) in checks.items() if a != b]
@@ -1347,17 +1423,20 @@ def spans(length: int, parts: int) -> list[tuple[int, int]]:
 
 
 class _Preads:
-    """One source read cut into pieces (``spans`` of ``view``, from file offset ``pos``) run in parallel as
-    pool jobs (``jobs``); the last piece to finish calls ``done(self)``.
+    """One source read of ``entry``'s file cut into pieces (``spans`` of ``view``, from file offset
+    ``pos``) run in parallel as pool jobs (``jobs``, in the file's pool group); the last piece to
+    finish calls ``done(self)``.
 
     ``results`` holds each piece's byte count or error (an ``OSError`` without its traceback, whose
     frames would keep views of ``view`` alive). ``results``, ``left`` and ``abandoned`` (a reader gave up
-    waiting) are guarded by ``guard``; the rest is set once. ``demand`` is the priority the jobs were
-    queued with (a reader waiting for a queued prefetch promotes its jobs).
+    waiting: the read counts in ``entry.stuck`` until its last piece returns, and pieces not started yet
+    are skipped) are guarded by ``guard``; the rest is set once. ``demand`` is the priority the jobs
+    were queued with (a reader waiting for a queued prefetch promotes its jobs).
     """
 
     __slots__ = (
         "engine",
+        "entry",
         "path",
         "src",
         "pos",
@@ -1376,7 +1455,7 @@ class _Preads:
     def __init__(
         self,
         engine: Engine,
-        path: str,
+        entry: FileEntry,
         src: SourceFile,
         pos: int,
         view: memoryview,
@@ -1385,13 +1464,27 @@ class _Preads:
         demand: bool,
         done: Callable[[_Preads], None],
     ) -> None:
-        self.engine, self.path, self.src, self.pos, self.view = engine, path, src, pos, view
+        self.engine, self.entry, self.path, self.src, self.pos, self.view = engine, entry, entry.path, src, pos, view
         self.spans, self.aligned, self.demand, self.done = pieces, aligned, demand, done
         self.jobs = [_Pread(self, i) for i in range(len(pieces))]
         self.results: list[int | OSError] = [0] * len(pieces)
         self.left = len(pieces)
         self.abandoned = False
         self.guard = _thread.allocate_lock()
+
+    def abandon(self) -> bool:
+        """A reader gave up waiting; True when pieces were still out (the file now counts a stuck read)."""
+        with self.guard:
+            if self.left == 0 or self.abandoned:
+                return self.left > 0
+            self.abandoned = True
+        entry = self.entry
+        with entry.lock:
+            if not entry.stuck:  # the next read let through to try the source is one probe period away
+                entry.probe_at = time.monotonic()
+                entry.unstuck.clear()
+            entry.stuck += 1
+        return True
 
     def total(self) -> int:
         """Bytes read contiguously from the start (a short piece is the end of the file); raises the
@@ -1407,25 +1500,39 @@ class _Preads:
 
 
 class _Pread:
-    """One piece of a :class:`_Preads` (a plain object: cheaper than a closure per job)."""
+    """One piece of a :class:`_Preads` (a plain object: cheaper than a closure per job); ``group`` is
+    its file's pool group (the pool bounds the pieces of one file running at once)."""
 
-    __slots__ = ("batch", "index")
+    __slots__ = ("batch", "index", "group")
 
     def __init__(self, batch: _Preads, index: int) -> None:
-        self.batch, self.index = batch, index
+        self.batch, self.index, self.group = batch, index, batch.entry.group
 
     def __call__(self) -> None:
         batch = self.batch
         a, b = batch.spans[self.index]
-        try:
-            outcome: int | OSError = batch.engine._timed_pread(
-                batch.src, batch.pos + a, batch.view[a:b], batch.path, aligned=batch.aligned
-            )
-        except OSError as e:
-            outcome = OSError(e.errno or errno.EIO, e.strerror, batch.path)
+        if batch.abandoned:  # its reader gave up: do not add a read to a source that does not answer
+            outcome: int | OSError = OSError(errno.ETIMEDOUT, "abandoned after a timeout", batch.path)
+        else:
+            try:
+                outcome = batch.engine._timed_pread(
+                    batch.src, batch.pos + a, batch.view[a:b], batch.path, aligned=batch.aligned
+                )
+            except OSError as e:
+                outcome = OSError(e.errno or errno.EIO, e.strerror, batch.path)
         with batch.guard:
             batch.results[self.index] = outcome
             batch.left -= 1
             last = batch.left == 0
+            abandoned = batch.abandoned
         if last:
+            if abandoned:  # the source answered at last: reads of this file may wait again
+                entry = batch.entry
+                with entry.lock:
+                    entry.stuck -= 1
+                    unstuck = entry.stuck == 0
+                    if unstuck:
+                        entry.unstuck.set()
+                if unstuck:
+                    batch.engine._unstuck(entry)
             batch.done(batch)

@@ -422,11 +422,11 @@ def _decode(text: str) -> tuple[OrderedDict[str, _Dir], OrderedDict[str, tuple[i
     for dir_path, item in raw.items():
         last_used = item["t"]
         shuffled = item["s"]
-        files = item["f"]
-        if not isinstance(last_used, (int, float)) or not isinstance(shuffled, bool) or not isinstance(files, list):
+        dir_names = item["f"]
+        if not isinstance(last_used, (int, float)) or not isinstance(shuffled, bool) or not isinstance(dir_names, list):
             raise TypeError(f"bad entry for {dir_path!r}")
         learned: dict[str, int] = {}
-        for pair in files[:MAX_NAMES_PER_DIR]:
+        for pair in dir_names[:MAX_NAMES_PER_DIR]:
             name, size = pair
             if not isinstance(name, str) or type(size) is not int or size < 0:
                 raise TypeError(f"bad file entry in {dir_path!r}")

@@ -9,8 +9,16 @@ workers keep N requests in flight). Two kinds of work:
   submission (the caller counts it as backpressure). A queued prefetch that a reader starts to
   wait for is promoted to the demand queue.
 
+One file cannot hold the pool. A job may name its file's :class:`FileGroup` (attribute ``group``);
+at most ``file_workers`` jobs of one group run at once on each kind of worker. A worker that takes
+a job of a group already at that bound parks it on the group instead of running it, and the worker
+that finishes a job of the group runs the next parked one. So a file whose source reads hang holds
+at most ``file_workers`` workers of each kind; its other reads wait without holding any, and every
+other file keeps the rest.
+
 Concurrency: ``_lock`` guards the prefetch deque, ``_stopping`` and the idle count; ``_general``
-is a condition on it. The demand queue is internally synchronised. Jobs run without any lock.
+is a condition on it. The demand queue is internally synchronised. ``_group_lock`` guards the
+``running`` and ``parked`` fields of every group. Jobs run without any lock.
 """
 
 from __future__ import annotations
@@ -31,13 +39,35 @@ PREFETCH_QUEUE_PER_WORKER = 64
 
 Job = Callable[[], None]
 _STOP = None
+# Worker kinds (index into FileGroup.running / parked).
+DEMAND, GENERAL = 0, 1
+
+
+class FileGroup:
+    """The jobs of one file version in the pool: how many run per worker kind, and those parked
+    (waiting for one of them to finish). Fields guarded by the pool's ``_group_lock``."""
+
+    __slots__ = ("running", "parked")
+
+    def __init__(self) -> None:
+        self.running = [0, 0]
+        self.parked: tuple[deque[Job], deque[Job]] = (deque(), deque())
 
 
 class PreadPool:
     """Demand workers on a SimpleQueue plus general workers on a bounded prefetch deque."""
 
-    def __init__(self, workers: int, name: str = "fastfs-pread", demand_workers: int = DEMAND_WORKERS) -> None:
+    def __init__(
+        self,
+        workers: int,
+        name: str = "fastfs-pread",
+        demand_workers: int = DEMAND_WORKERS,
+        file_workers: int | None = None,
+    ) -> None:
         self._lock = threading.Lock()
+        self._group_lock = threading.Lock()
+        per_file = file_workers or max(workers, demand_workers)
+        self.file_limit = (max(1, min(per_file, demand_workers)), max(1, min(per_file, workers)))
         self._general = threading.Condition(self._lock)
         self._demand: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._prefetch: deque[Job] = deque()
@@ -75,14 +105,52 @@ class PreadPool:
             return True
 
     def promote(self, job: Job) -> bool:
-        """Move a queued prefetch job to the demand queue (a reader now waits for it)."""
+        """Move a queued (or parked) prefetch job to the demand queue (a reader now waits for it)."""
         with self._lock:
             try:
                 self._prefetch.remove(job)
+                found = True
             except ValueError:
-                return False  # already running or done
+                found = False
+        if not found:
+            group = getattr(job, "group", None)
+            if group is None:
+                return False
+            with self._group_lock:
+                try:
+                    group.parked[GENERAL].remove(job)
+                except ValueError:
+                    return False  # already running or done
         self._demand.put(job)
         return True
+
+    def _run(self, job: Job, kind: int) -> None:
+        """Run *job* on a worker of *kind*, or park it when its file already runs its share there;
+        then run the parked jobs of the same file while there are any."""
+        group: FileGroup | None = getattr(job, "group", None)
+        if group is None:
+            self._call(job)
+            return
+        with self._group_lock:
+            if group.running[kind] >= self.file_limit[kind]:
+                group.parked[kind].append(job)
+                return
+            group.running[kind] += 1
+        while True:
+            self._call(job)
+            with self._group_lock:
+                parked = group.parked[kind]
+                if not parked or self._stopping:
+                    group.running[kind] -= 1
+                    return
+                job = parked.popleft()
+
+    @staticmethod
+    def _call(job: Job) -> None:
+        try:
+            job()
+        except Exception:  # a job reports its own errors; this guards the worker
+            log.exception("pread job failed")
 
     def queued(self) -> tuple[int, int]:
         return self._demand.qsize(), len(self._prefetch)
@@ -93,10 +161,7 @@ class PreadPool:
             job = get()
             if job is _STOP:
                 return
-            try:
-                job()
-            except Exception:  # a job reports its own errors; this guards the worker
-                log.exception("pread job failed")
+            self._run(job, DEMAND)
 
     def _run_prefetch(self) -> None:
         while True:
@@ -106,10 +171,7 @@ class PreadPool:
                         return
                     self._general.wait()
                 job = self._prefetch.popleft()
-            try:
-                job()
-            except Exception:
-                log.exception("pread job failed")
+            self._run(job, GENERAL)
 
     def close(self, timeout: float = 5.0) -> None:
         """Drop queued prefetch, let workers finish running jobs and exit."""

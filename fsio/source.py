@@ -10,6 +10,11 @@ Data reads are always ``os.preadv`` at an explicit offset (no shared file positi
 ``direct`` the source is opened with ``O_DIRECT`` where supported (not tmpfs): fastfs then keeps
 the only cached copy and the source sees our large requests instead of its own small read-ahead;
 reads into unaligned buffers or at unaligned tails fall back to a buffered descriptor.
+
+Descriptors. Each open file version holds one descriptor; the extra block-read streams of large
+files are drawn from a per-mount budget (:func:`stream_fd_budget` of the descriptor limit), so
+streams never take the descriptors open files need: when the budget is used up, block reads go
+to the file's first descriptor instead (slower on some sources, never an EMFILE for a reader).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import resource
 import stat
 import struct
 import threading
@@ -47,6 +53,24 @@ def _openat2(dirfd: int, rel: str, flags: int) -> int:
     return fd
 
 
+# Descriptors left to everything but source files (FUSE device, sockets, log, state files, pipes).
+FD_RESERVE = 64
+# Share of the other descriptors the extra block-read streams of a mount may hold at once; the rest
+# stays for open files (one descriptor each) and transient opens of scans, probes and warms.
+STREAM_FD_SHARE = 0.5
+
+
+def stream_fd_budget(fd_limit: int) -> int:
+    """Extra block-read descriptors a mount may hold at once under a descriptor limit of *fd_limit*."""
+    return max(0, int((fd_limit - FD_RESERVE) * STREAM_FD_SHARE))
+
+
+def fd_limit() -> int:
+    """This process's soft limit on open descriptors (RLIMIT_NOFILE)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
 def split(path: str) -> list[str]:
     """FUSE path ``/a/b`` -> ``["a", "b"]``; rejects ``..`` and empty components."""
     parts = [p for p in path.split("/") if p and p != "."]
@@ -58,16 +82,34 @@ def split(path: str) -> list[str]:
 class Source:
     """The source tree, reached only through descriptors beneath its root.
 
-    Thread-safe: holds only the immutable root descriptor.
+    Thread-safe: holds the immutable root descriptor, and the count of extra block-read descriptors
+    open (``stream_fds``, at most ``stream_budget``), guarded by ``_budget_lock``.
     """
 
-    def __init__(self, root: str, direct: bool = True, streams: int = 1) -> None:
+    def __init__(self, root: str, direct: bool = True, streams: int = 1, stream_budget: int | None = None) -> None:
         self.root = os.path.realpath(root)
         self.root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.direct = direct and hasattr(os, "O_DIRECT")
         self.streams = streams
         self.fs_type = fs_type(self.root_fd)
         self.local = self.fs_type in LOCAL_FS_TYPES
+        self.stream_budget = stream_fd_budget(fd_limit()) if stream_budget is None else stream_budget
+        self.stream_fds = 0
+        self._budget_lock = threading.Lock()
+
+    def take_stream(self) -> bool:
+        """Reserve one extra block-read descriptor of the mount's budget; False when it is used up."""
+        with self._budget_lock:
+            if self.stream_fds >= self.stream_budget:
+                return False
+            self.stream_fds += 1
+            return True
+
+    def give_streams(self, n: int) -> None:
+        """Return *n* reserved block-read descriptors (closed, or never opened)."""
+        if n:
+            with self._budget_lock:
+                self.stream_fds -= n
 
     def close(self) -> None:
         if self.root_fd >= 0:
@@ -324,11 +366,14 @@ class SourceFile:
             with _direct_lock:
                 if self._direct is None:
                     self._direct = share is None or share < CACHED_SHARE
-        if len(self._streams) < self._max:
+        source = self._source
+        # the racy first test keeps the budget lock off the read path once the budget is used up
+        if len(self._streams) < self._max and source.stream_fds < source.stream_budget and source.take_stream():
+            kept = False
             direct = self._direct
             flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
             try:
-                fd = self._source.open_rel(self._parts, flags)
+                fd = source.open_rel(self._parts, flags)
                 if os.fstat(fd).st_ino != self.st.st_ino:
                     os.close(fd)
                     fd = -1
@@ -338,6 +383,7 @@ class SourceFile:
                 if fd >= 0 and self.fd >= 0 and len(self._streams) < self._max and direct == self._direct:
                     self._streams.append(fd)
                     fd = -1
+                    kept = True
                 elif fd < 0:
                     if direct and not self._streams:
                         self._direct = False  # O_DIRECT unsupported here (tmpfs): buffered streams
@@ -345,6 +391,8 @@ class SourceFile:
                         self._max = len(self._streams)  # cannot open more: keep what we have
             if fd >= 0:
                 os.close(fd)
+            if not kept:
+                source.give_streams(1)
         streams = self._streams
         if not streams:
             return self.fd, False
@@ -392,3 +440,5 @@ class SourceFile:
         for fd in fds:
             if fd >= 0:
                 os.close(fd)
+        if self._source is not None:
+            self._source.give_streams(len(fds) - 1)

@@ -16,6 +16,7 @@ GIL) by snapshots.
 from __future__ import annotations
 
 import bisect
+import json
 import threading
 import time
 from typing import Any
@@ -48,6 +49,7 @@ OPENS_PASSTHROUGH = "opens_passthrough"  # opens handed to the kernel as passthr
 BYTES_PASSTHROUGH_OPENED = "bytes_passthrough_opened"  # sizes of the files opened by passthrough
 BYTES_PASSTHROUGH_WARMED = "bytes_passthrough_warmed"  # of those, asked into the source's page cache ahead
 TIMEOUTS = "read_timeouts"
+FAST_FAILS = "reads_failed_fast"  # reads answered EIO at once: earlier reads of the file were stuck
 
 COUNTERS = (
     BYTES_REQUESTED,
@@ -76,6 +78,7 @@ COUNTERS = (
     BYTES_PASSTHROUGH_OPENED,
     BYTES_PASSTHROUGH_WARMED,
     TIMEOUTS,
+    FAST_FAILS,
 )
 
 # Upper bounds (bytes) of the request-size histogram: 4K pages, 128K default read-ahead, 1M FUSE max.
@@ -217,6 +220,45 @@ class Stats:
                 for p, (f, d) in files
             ],
         }
+
+
+# Keys of a snapshot's "mount" section shown to callers who see only the redacted view.
+REDACTED_MOUNT_KEYS = ("mountpoint", "pid")
+
+
+def redact(snap: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot a caller other than the mounting user and root may see: every counter, ratio,
+    histogram, gauge and error count, but no path (no top-files table, no source directory; only the
+    mount point the caller itself used, and the daemon's pid)."""
+    out = {key: value for key, value in snap.items() if key not in ("top_files", "top_files_dropped", "mount")}
+    out["top_files"] = []
+    if "mount" in snap:
+        out["mount"] = {key: snap["mount"][key] for key in REDACTED_MOUNT_KEYS if key in snap["mount"]}
+    out["redacted"] = True
+    return out
+
+
+def encode_bounded(snap: dict[str, Any], limit: int) -> bytes:
+    """Compact JSON of *snap* in at most *limit* bytes: rows of ``top_files`` are dropped from the end
+    (the least fetched first) until it fits, and ``top_files_dropped`` says how many were (long paths
+    would otherwise make a snapshot too large for one extended attribute)."""
+    data = json.dumps(snap, separators=(",", ":")).encode()
+    rows = snap.get("top_files")
+    if len(data) <= limit or not rows:
+        return data
+    lo, hi = 0, len(rows) - 1  # the most rows that fit lies in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        trial = json.dumps(
+            {**snap, "top_files": rows[:mid], "top_files_dropped": len(rows) - mid}, separators=(",", ":")
+        )
+        if len(trial.encode()) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return json.dumps(
+        {**snap, "top_files": rows[:lo], "top_files_dropped": len(rows) - lo}, separators=(",", ":")
+    ).encode()
 
 
 def _quantile(counts: list[int], q: float) -> float | None:

@@ -164,9 +164,10 @@ def mounted(
     env: dict | None = None,
     timeout: float = 30,
     poll: float = POLL,
+    preexec_fn=None,
 ) -> Iterator[Mount]:
     """Run ``fastfs mount SRC MNT --foreground`` until the mount is live (checked every *poll*
-    seconds); always cleaned up."""
+    seconds); always cleaned up. *preexec_fn* runs in the daemon's process before it starts (limits)."""
     src, mnt = Path(src), Path(mnt)
     work = Path(tempfile.mkdtemp(prefix="fastfs-test-"))
     log_path = work / "daemon.log"
@@ -181,7 +182,14 @@ def mounted(
     state_dir.mkdir()
     full_env = {**os.environ, "STATE_DIRECTORY": str(state_dir), **(env or {})}
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            preexec_fn=preexec_fn,
+        )
     try:
         deadline = time.monotonic() + timeout
         while not _live(mnt):

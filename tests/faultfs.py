@@ -4,13 +4,15 @@ It mirrors a backing directory (the real data) and is mounted where fastfs takes
 fastfs sees a filesystem that misbehaves on demand. The behaviour is controlled at run time through a
 control file outside the mount (JSON, replaced atomically by :meth:`FaultFS.set`)::
 
-    {"eio": ["*/bad*"], "hang": ["/slow.bin"]}
+    {"eio": ["*/bad*"], "hang": ["/slow.bin"], "hang_meta": ["/stuck/*"]}
 
 Patterns are :func:`fnmatch.fnmatchcase` patterns matched against the FUSE path (``/dir/name``).
 A read of a file matching ``eio`` fails with EIO; a read of a file matching ``hang`` blocks until the
 pattern is removed from the control file (emulates a source that stops answering), bounded by
-:data:`MAX_HANG_SECONDS` so a forgotten hang can never wedge a test run. Every other operation is a
-plain pass-through of the backing directory.
+:data:`MAX_HANG_SECONDS` so a forgotten hang can never wedge a test run. ``hang_meta`` does the same
+for the metadata calls of matching paths (getattr, open, readdir). Every other operation is a plain
+pass-through of the backing directory. ``max_threads`` of :func:`faultfs_mounted` bounds the
+requests served at once (libfuse's own default is 10).
 
 Design choices:
 - mfusepy on libfuse 3, multithreaded, so a hanging read blocks one worker while others keep serving.
@@ -58,6 +60,7 @@ class _Control:
         self._key: tuple[int, int, int] | None = None
         self._eio: tuple[str, ...] = ()
         self._hang: tuple[str, ...] = ()
+        self._hang_meta: tuple[str, ...] = ()
 
     def _reload(self) -> None:
         try:
@@ -80,6 +83,7 @@ class _Control:
             self._key = key
             self._eio = tuple(data.get("eio", ()))
             self._hang = tuple(data.get("hang", ()))
+            self._hang_meta = tuple(data.get("hang_meta", ()))
 
     def eio(self, path: str) -> bool:
         self._reload()
@@ -88,6 +92,20 @@ class _Control:
     def hang(self, path: str) -> bool:
         self._reload()
         return any(fnmatch.fnmatchcase(path, p) for p in self._hang)
+
+    def hang_meta(self, path: str) -> bool:
+        self._reload()
+        return any(fnmatch.fnmatchcase(path, p) for p in self._hang_meta)
+
+    def wait_while(self, check, path: str) -> None:
+        """Block while *check(path)* holds, at most MAX_HANG_SECONDS (then EIO)."""
+        if not check(path):
+            return
+        deadline = time.monotonic() + MAX_HANG_SECONDS
+        while check(path):
+            if time.monotonic() > deadline:
+                raise OSError(errno.EIO, "hang released by its time bound")
+            time.sleep(HANG_POLL_SECONDS)
 
 
 def _make_operations(backing: str, control_path: str) -> Any:
@@ -107,6 +125,7 @@ def _make_operations(backing: str, control_path: str) -> Any:
             return os.path.join(self.root, path.lstrip("/"))
 
         def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+            self.control.wait_while(self.control.hang_meta, path)
             st = os.lstat(self._full(path))
             keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_rdev", "st_blocks", "st_blksize")
             attrs: dict[str, Any] = {k: getattr(st, k) for k in keys}
@@ -114,6 +133,7 @@ def _make_operations(backing: str, control_path: str) -> Any:
             return attrs
 
         def readdir(self, path: str, fh: int) -> list[str]:
+            self.control.wait_while(self.control.hang_meta, path)
             return [".", "..", *os.listdir(self._full(path))]
 
         def readlink(self, path: str) -> str:
@@ -149,15 +169,11 @@ def _make_operations(backing: str, control_path: str) -> Any:
         def open(self, path: str, flags: int) -> int:
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
                 raise mfusepy.FuseOSError(errno.EROFS)
+            self.control.wait_while(self.control.hang_meta, path)
             return os.open(self._full(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
         def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-            if self.control.hang(path):
-                deadline = time.monotonic() + MAX_HANG_SECONDS
-                while self.control.hang(path):
-                    if time.monotonic() > deadline:
-                        raise mfusepy.FuseOSError(errno.EIO)
-                    time.sleep(HANG_POLL_SECONDS)
+            self.control.wait_while(self.control.hang, path)
             if self.control.eio(path):
                 raise mfusepy.FuseOSError(errno.EIO)
             return os.pread(fh, size, offset)
@@ -169,9 +185,10 @@ def _make_operations(backing: str, control_path: str) -> Any:
     return mfusepy, FaultOps()
 
 
-def serve(backing: str, mountpoint: str, control_path: str) -> None:
+def serve(backing: str, mountpoint: str, control_path: str, max_threads: int = 0) -> None:
     """Mount and serve in the foreground until unmounted or signalled."""
     mfusepy, ops = _make_operations(backing, control_path)
+    threads = {"max_threads": max_threads, "max_idle_threads": max_threads} if max_threads else {}
     mfusepy.FUSE(
         ops,
         mountpoint,
@@ -182,6 +199,7 @@ def serve(backing: str, mountpoint: str, control_path: str) -> None:
         entry_timeout=0,
         negative_timeout=0,
         fsname="faultfs",
+        **threads,
     )
 
 
@@ -215,10 +233,16 @@ class FaultFS:
         self.proc = proc
         self.log_path = log_path
 
-    def set(self, eio: list[str] | tuple[str, ...] = (), hang: list[str] | tuple[str, ...] = ()) -> None:
+    def set(
+        self,
+        eio: list[str] | tuple[str, ...] = (),
+        hang: list[str] | tuple[str, ...] = (),
+        hang_meta: list[str] | tuple[str, ...] = (),
+    ) -> None:
         """Replace the fault patterns (atomic rename, so a reader never sees half a file)."""
         tmp = self.control.with_name(self.control.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps({"eio": list(eio), "hang": list(hang)}), encoding="utf-8")
+        doc = {"eio": list(eio), "hang": list(hang), "hang_meta": list(hang_meta)}
+        tmp.write_text(json.dumps(doc), encoding="utf-8")
         os.replace(tmp, self.control)
 
     def clear(self) -> None:
@@ -233,8 +257,9 @@ class FaultFS:
 
 
 @contextlib.contextmanager
-def faultfs_mounted(backing: Path, mnt: Path, workdir: Path) -> Iterator[FaultFS]:
-    """Mount faultfs of *backing* on *mnt*; control and log files go in *workdir*. Always unmounts."""
+def faultfs_mounted(backing: Path, mnt: Path, workdir: Path, max_threads: int = 0) -> Iterator[FaultFS]:
+    """Mount faultfs of *backing* on *mnt*; control and log files go in *workdir*. Always unmounts.
+    *max_threads* (0: libfuse's default) bounds the requests it serves at once."""
     workdir.mkdir(parents=True, exist_ok=True)
     control = workdir / "faultfs-control.json"
     log_path = workdir / "faultfs.log"
@@ -242,7 +267,7 @@ def faultfs_mounted(backing: Path, mnt: Path, workdir: Path) -> Iterator[FaultFS
     env = dict(os.environ, FUSE_LIBRARY_NAME="fuse3")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), str(backing), str(mnt), str(control)],
+            [sys.executable, os.path.abspath(__file__), str(backing), str(mnt), str(control), str(max_threads)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -272,6 +297,6 @@ def faultfs_mounted(backing: Path, mnt: Path, workdir: Path) -> Iterator[FaultFS
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        sys.exit("usage: faultfs.py BACKING MOUNTPOINT CONTROL_FILE")
-    serve(sys.argv[1], sys.argv[2], sys.argv[3])
+    if len(sys.argv) not in (4, 5):
+        sys.exit("usage: faultfs.py BACKING MOUNTPOINT CONTROL_FILE [MAX_THREADS]")
+    serve(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) == 5 else 0)

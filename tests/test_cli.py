@@ -6,13 +6,14 @@ import errno
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SERVED, force_unmount, is_mounted, mounted, run_cli, wait_for
+from conftest import SERVED, _session_state_dir, force_unmount, is_mounted, mounted, run_cli, wait_for
 
 DATA = os.urandom(3 * 1024 * 1024 + 123)
 # Seconds to wait for a daemon to exit or a log line to appear.
@@ -127,7 +128,8 @@ def test_mountpoint_already_mounted(populated: Path, mnt: Path, tmp_path: Path) 
 def test_help_names_the_background_log() -> None:
     result = run_cli("mount", "--help")
     assert result.returncode == 0
-    assert "/tmp/fastfs-" in " ".join(result.stdout.split())
+    text = " ".join(result.stdout.split())
+    assert "/var/log/fastfs/" in text and "0600" in text and "/tmp/" not in text
 
 
 def test_usage_error_is_one_line() -> None:
@@ -160,20 +162,106 @@ def test_background_mount_is_live_on_return_and_umount_works(populated: Path, mn
             os.kill(pid, signal.SIGKILL)
 
 
-def test_background_mount_default_log_file(populated: Path, tmp_path: Path) -> None:
-    mnt = tmp_path / f"bgmnt{os.getpid()}"
-    mnt.mkdir()
-    log = Path(f"/tmp/fastfs-{mnt.name}.log")
+def _session_state() -> Path:
+    return Path(_session_state_dir())
+
+
+def test_background_mounts_of_the_same_basename_get_their_own_private_logs(populated: Path, tmp_path: Path) -> None:
+    """Issue 12 finding 6: the default log was /tmp/fastfs-<basename>.log: predictable, shared by mounts
+    of the same basename, world-readable."""
+    name = f"samename{os.getpid()}"
+    mnts = [tmp_path / "a" / name, tmp_path / "b" / name]
+    logs_dir = _session_state() / "logs"
     try:
-        result = run_cli("mount", populated, mnt, timeout=90)
-        assert result.returncode == 0, result.stderr
-        assert (mnt / "sub" / "note.txt").read_text() == "note\n"
-        assert log.exists() and "mounted" in log.read_text()
-        assert run_cli("umount", mnt).returncode == 0
+        for mnt in mnts:
+            mnt.mkdir(parents=True)
+            result = run_cli("mount", populated, mnt, timeout=90)
+            assert result.returncode == 0, result.stderr
+            assert (mnt / "sub" / "note.txt").read_text() == "note\n"
+        assert not Path(f"/tmp/fastfs-{name}.log").exists()
+        logs = sorted(logs_dir.glob(f"{name}-*.log"))
+        assert len(logs) == 2, logs
+        for log in logs:
+            assert stat.S_IMODE(log.stat().st_mode) == 0o600
+        texts = [log.read_text() for log in logs]
+        for mnt in mnts:
+            assert sum(f"on {mnt}" in text for text in texts) == 1, texts
+        assert stat.S_IMODE(logs_dir.stat().st_mode) == 0o700
+        for mnt in mnts:
+            assert run_cli("umount", mnt).returncode == 0
+    finally:
+        for mnt in mnts:
+            force_unmount(mnt)
+        for log in logs_dir.glob(f"{name}-*.log"):
+            log.unlink()
+        Path(f"/tmp/fastfs-{name}.log").unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("which", ["override", "default"])
+def test_log_file_symlink_is_refused_and_its_target_untouched(populated: Path, mnt: Path, tmp_path: Path, which: str):
+    """Issue 12 finding 6: a symlink planted at the log path made the daemon append to its target."""
+    from fastfs.daemon import logsetup
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    victim.chmod(0o600)
+    if which == "override":
+        link = tmp_path / "planted.log"
+        args = ["--log-file", link]
+    else:
+        link = Path(logsetup.default_log_file(str(mnt), str(_session_state())))
+        link.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        args = []
+    link.symlink_to(victim)
+    try:
+        line = _one_line_error(run_cli("mount", populated, mnt, *args, timeout=90))
+        assert "symlink" in line, line
         assert not is_mounted(mnt)
+        assert victim.read_bytes() == b"precious\n"
     finally:
         force_unmount(mnt)
-        log.unlink(missing_ok=True)
+        link.unlink()
+
+
+def test_log_file_given_is_created_private(populated: Path, mnt: Path, tmp_path: Path) -> None:
+    log = tmp_path / "new.log"
+    try:
+        assert run_cli("mount", populated, mnt, "--log-file", log, timeout=90).returncode == 0
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600
+        assert run_cli("umount", mnt).returncode == 0
+    finally:
+        force_unmount(mnt)
+
+
+def test_default_log_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from fastfs.daemon import logsetup
+
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    a, b = logsetup.default_log_file("/x/mnt"), logsetup.default_log_file("/y/mnt")
+    assert a != b and os.path.basename(a).startswith("mnt-") and a.endswith(".log")
+    assert os.path.dirname(a) == ("/var/log/fastfs" if os.geteuid() == 0 else os.path.dirname(a))
+    assert logsetup.default_log_dir(str(tmp_path)) == str(tmp_path / "logs")
+    monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path}/s:{tmp_path}/t")
+    assert logsetup.default_log_dir() == f"{tmp_path}/s/logs"
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o777)
+    open_dir.chmod(0o777)
+    with pytest.raises(logsetup.LogFileError, match="not safe"):
+        logsetup.open_log_file(str(open_dir / "x.log"), default=True)
+
+
+def test_default_log_of_another_user_is_in_their_own_state_home(tmp_path: Path) -> None:
+    from asuser import run_as
+
+    from fastfs.daemon import logsetup
+
+    def where() -> str:
+        os.environ.pop("STATE_DIRECTORY", None)
+        os.environ.pop("XDG_STATE_HOME", None)
+        os.environ["HOME"] = "/home/someone"
+        return logsetup.default_log_dir()
+
+    assert run_as(where) == "/home/someone/.local/state/fastfs/logs"
 
 
 def test_background_mount_failure_reports_and_cleans_up(populated: Path, mnt: Path, tmp_path: Path) -> None:
@@ -234,6 +322,22 @@ def test_sigkill_then_umount_recovers(populated: Path, mnt: Path) -> None:
 def test_umount_errors(tmp_path: Path) -> None:
     assert "not mounted" in _one_line_error(run_cli("umount", tmp_path))
     assert "not mounted" in _one_line_error(run_cli("umount", tmp_path / "missing"))
+
+
+def test_umount_leaves_other_fuse_file_systems_alone(tmp_path: Path) -> None:
+    """Issue 12 finding 2: another FUSE file system (here faultfs) is not unmounted, not even lazily."""
+    from faultfs import faultfs_mounted
+
+    backing, other = tmp_path / "backing", tmp_path / "other"
+    backing.mkdir()
+    other.mkdir()
+    (backing / "f").write_bytes(b"still here")
+    with faultfs_mounted(backing, other, tmp_path / "faultfs-work"):
+        for args in (["umount", other], ["umount", "--lazy", other]):
+            line = _one_line_error(run_cli(*args))
+            assert f"{other} is not a fastfs mount" in line, line
+            assert is_mounted(other)
+            assert (other / "f").read_bytes() == b"still here"
 
 
 def test_unmount_right_after_mounting_is_a_clean_stop(populated: Path, mnt: Path) -> None:
@@ -478,3 +582,79 @@ def test_paths_from_config(populated: Path, mnt: Path, tmp_path: Path) -> None:
         assert not is_mounted(mnt)
     finally:
         force_unmount(mnt)
+
+
+# -- issue 12 finding 9: smaller ones ---------------------------------------------------------------
+def test_stats_xattr_fits_with_long_paths_in_the_top_table(src: Path, mnt: Path) -> None:
+    """The top-files table of long paths once made ``user.fastfs.stats`` larger than one xattr (E2BIG)."""
+    deep = src
+    for i in range(14):
+        deep = deep / (f"{i:02d}" + "d" * 240)
+    deep.mkdir(parents=True)
+    for i in range(50):
+        (deep / f"{i:02d}{'f' * 200}").write_bytes(b"x" * (1000 + i))
+    with mounted(src, mnt, options=[SERVED]) as m:
+        for path in sorted(deep.iterdir()):
+            assert (mnt / path.relative_to(src)).read_bytes() == path.read_bytes()
+        snap = m.stats()  # os.getxattr: fails with E2BIG when the answer exceeds 64 KiB
+        assert snap["top_files"], snap
+        assert snap["top_files_dropped"] > 0
+        assert all(row["path"].startswith("/00d") for row in snap["top_files"])
+        result = run_cli("stats", mnt, "--top", "3")
+        assert result.returncode == 0, result.stderr
+        assert len(result.stdout.strip().splitlines()) == 4
+
+
+def test_source_entry_named_like_the_control_directory_is_hidden(src: Path, mnt: Path) -> None:
+    (src / ".fastfs").mkdir()
+    (src / ".fastfs" / "secret").write_bytes(b"shadowed")
+    (src / "visible").write_bytes(b"v")
+    with mounted(src, mnt) as m:
+        assert sorted(os.listdir(mnt)) == ["visible"]
+        assert os.listdir(mnt / ".fastfs") == ["stats"]
+        assert not (mnt / ".fastfs" / "secret").exists()
+        assert "counters" in json.loads((mnt / ".fastfs" / "stats").read_bytes())
+        assert "reserved" in m.log()
+
+
+def _nobody_can_open_fuse_device() -> bool:
+    from asuser import run_as
+
+    def probe() -> bool:
+        try:
+            os.close(os.open("/dev/fuse", os.O_RDWR))
+        except OSError:
+            return False
+        return True
+
+    return run_as(probe)
+
+
+def test_mount_without_access_to_the_fuse_device_names_the_cause() -> None:
+    """A background mount by a user who cannot open /dev/fuse said only "libfuse failed (status 4)"."""
+    from asuser import NOBODY, NOGROUP, run_as, shared_dir
+
+    # imported here: the child, as nobody, cannot read the interpreter's files under /root
+    from fastfs.daemon import cli, logsetup, mount, ops  # noqa: F401
+    from fastfs.fsio import engine, learn  # noqa: F401
+
+    if _nobody_can_open_fuse_device():
+        pytest.skip("/dev/fuse is open to every user here")
+    with shared_dir() as base:
+        for name in ("src", "mnt", "state"):
+            (base / name).mkdir()
+            os.chown(base / name, NOBODY, NOGROUP)
+        log = base / "state" / "log"
+
+        def mount_as_nobody() -> int:
+            os.environ["STATE_DIRECTORY"] = str(base / "state")
+            return cli.main(["mount", str(base / "src"), str(base / "mnt"), "--log-file", str(log)])
+
+        try:
+            result = run_as(mount_as_nobody, capture=True, timeout=90)
+        finally:
+            force_unmount(base / "mnt")
+        assert result["value"] == 1
+        lines = result["stderr"].strip().splitlines()
+        assert len(lines) == 1, result["stderr"]
+        assert "/dev/fuse" in lines[0] and "Permission denied" in lines[0], lines[0]

@@ -460,7 +460,9 @@ def test_warm_fetches_tree(data_dir, tmp_path):
     engine = make_engine(data_dir, tmp_path, **{"cache.budget": "64M"})
     try:
         result = engine.warm("/small")
-        assert result["files"] == 40 and result["bytes"] == 40 * 3073
+        assert result["files_done"] == result["files_total"] == 40
+        assert result["bytes_done"] == result["bytes_total"] == 40 * 3073
+        assert result["done"] and result["failed"] == result["declined"] == result["skipped"] == 0
         r = engine.open("/small/f000")
         assert engine.read(r.fh, 0, 4096) == (data_dir / "small" / "f000").read_bytes()
         engine.release(r.fh)
@@ -622,4 +624,135 @@ def test_lstat_many_overlaps_round_trips_on_remote_sources(data_dir, tmp_path, m
         assert [st.st_ino for st in parallel[:-1]] == [st.st_ino for st in serial[:-1]]
         assert serial_s > 1.6 and parallel_s < 0.6, (serial_s, parallel_s)
     finally:
+        engine.close()
+
+
+def test_block_read_streams_stay_within_the_mount_descriptor_budget(tmp_path):
+    """Issue 12 finding 8: extra block-read descriptors come from a per-mount budget; beyond it block
+    reads use each file's own descriptor (right bytes, no EMFILE) and closing returns them."""
+    from fastfs.fsio.source import Source, stream_fd_budget
+
+    assert stream_fd_budget(1024) == 480 and stream_fd_budget(10) == 0
+    root = tmp_path / "src"
+    root.mkdir()
+    data = {i: random.Random(i).randbytes(2 * MIB) for i in range(4)}
+    for i, payload in data.items():
+        (root / f"f{i}").write_bytes(payload)
+    source = Source(str(root), direct=True, streams=4, stream_budget=3)
+    files = [source.open_file(f"/f{i}") for i in range(4)]
+    try:
+        buf = mmap_buffer(MIB)
+        for i, f in enumerate(files):
+            for off in range(0, 2 * MIB, MIB):
+                assert f.read_into(off, memoryview(buf), aligned=True) == MIB
+                assert bytes(buf) == data[i][off : off + MIB]
+            assert source.stream_fds <= 3
+        assert source.stream_fds == 3
+    finally:
+        for f in files:
+            f.close()
+        source.close()
+    assert source.stream_fds == 0
+
+
+def mmap_buffer(size: int):
+    import mmap
+
+    return mmap.mmap(-1, size)
+
+
+def test_pool_runs_at_most_file_workers_jobs_of_one_file():
+    """Issue 12 finding 7: jobs of one file beyond its share are parked, not run, and other files'
+    jobs get workers meanwhile; parked jobs run as the file's running ones finish."""
+    from fastfs.fsio.pool import DEMAND, GENERAL, FileGroup, PreadPool
+
+    pool = PreadPool(4, demand_workers=4, file_workers=2)
+    hung, other = FileGroup(), FileGroup()
+    release = threading.Event()
+    lock = threading.Lock()
+    running = {"now": 0, "max": 0}
+    done: list[str] = []
+
+    class Job:
+        def __init__(self, group, name, block):
+            self.group, self.name, self.block = group, name, block
+
+        def __call__(self):
+            if self.block:
+                with lock:
+                    running["now"] += 1
+                    running["max"] = max(running["max"], running["now"])
+                release.wait(30)
+                with lock:
+                    running["now"] -= 1
+            with lock:
+                done.append(self.name)
+
+    try:
+        for i in range(6):
+            pool.submit_demand(Job(hung, f"hung{i}", True))
+        assert pool.submit_prefetch_all([Job(hung, f"hungp{i}", True) for i in range(4)])
+        assert wait_until(lambda: hung.running == [2, 2])
+        pool.submit_demand(Job(other, "other-demand", False))
+        assert pool.submit_prefetch(Job(other, "other-prefetch", False))
+        assert wait_until(lambda: {"other-demand", "other-prefetch"} <= set(done))
+        assert len(hung.parked[DEMAND]) == 4 and len(hung.parked[GENERAL]) == 2
+        assert running["max"] == 4  # two per kind
+        release.set()
+        assert wait_until(lambda: len(done) == 12)
+        assert hung.running == [0, 0] and not hung.parked[DEMAND] and not hung.parked[GENERAL]
+    finally:
+        release.set()
+        pool.close()
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_reads_of_a_file_with_stuck_reads_fail_fast_until_they_return(data_dir, tmp_path, monkeypatch):
+    """Issue 12 finding 7: after a read of a file timed out with its source read still stuck, later
+    reads of it fail at once without queuing more source reads; once the stuck read returns, reads work."""
+    from fastfs.fsio import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "UNSTUCK_WAIT", 0.05)
+    engine = make_engine(data_dir, tmp_path, **{"readahead.read_timeout": "1", "readahead.enabled": "false"})
+    expected = (data_dir / "big").read_bytes()
+    release = threading.Event()
+    calls: list[int] = []
+    try:
+        r = engine.open("/big")
+        src = engine._handles[r.fh].src
+        real = type(src).read_into
+
+        def hang(self, offset, view, aligned=False):
+            calls.append(offset)
+            if not release.is_set():
+                release.wait(30)
+            return real(self, offset, view, aligned)
+
+        monkeypatch.setattr(type(src), "read_into", hang)
+        with pytest.raises(OSError):
+            engine.read(r.fh, 4096, 4096)
+        assert engine._handles[r.fh].stuck == 1
+        before = len(calls)
+        t0 = time.monotonic()
+        for offset in (MIB, 2 * MIB, 3 * MIB):
+            with pytest.raises(OSError) as e:
+                engine.read(r.fh, offset, 4096)
+            assert e.value.errno == errno.EIO
+        assert time.monotonic() - t0 < 1.0  # no read waited for the timeout
+        assert len(calls) == before  # and none reached the source
+        assert engine.snapshot()["counters"][m.FAST_FAILS] == 3
+        release.set()
+        assert wait_until(lambda: engine._handles[r.fh].stuck == 0)
+        assert engine.read(r.fh, MIB, 4096) == expected[MIB : MIB + 4096]
+    finally:
+        release.set()
+        engine.release(r.fh)
         engine.close()

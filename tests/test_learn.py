@@ -528,3 +528,24 @@ def test_concurrent_recording_and_saving(tmp_path: Path) -> None:
     for j in range(3):
         expected = {f"t{k}-{i:04d}" for k in range(6) if k % 3 == j for i in range(500)}
         assert set(fresh.plan(f"/d{j}").names) == expected
+
+
+def test_directories_and_whole_file_loads_survive_two_reloads(tmp_path: Path) -> None:
+    """Issue 12 finding 1: a state file holding both directories and whole-file loads reloads both, and
+    saves again after the reload (the decoder once reused one name for both lists)."""
+    log = make_log(tmp_path)
+    for i, n in enumerate(names(12)):
+        log.record_open("/train", n, 100 + i)
+    log.record_file("/ckpt/model.safetensors", 1 << 30, 1234, 0.99)
+    assert log.save()
+    for _ in range(2):
+        fresh = make_log(tmp_path)
+        assert fresh.load() == 1
+        assert fresh.file_share("/ckpt/model.safetensors", 1 << 30, 1234) == 0.99
+        assert fresh.plan("/train").names == tuple(names(12))
+        fresh.record_file("/ckpt/other.pt", 10, 1, 0.5)
+        assert fresh.save() is True
+    last = make_log(tmp_path)
+    last.load()
+    assert last.file_share("/ckpt/other.pt", 10, 1) == 0.5
+    assert last.file_share("/ckpt/model.safetensors", 1 << 30, 1234) == 0.99

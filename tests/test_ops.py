@@ -290,8 +290,8 @@ def test_stats_file_serves_one_snapshot_and_is_not_counted(served: Served, engin
     assert served.engine.snapshot()["counters"]["bytes_requested"] == requested + 65536
 
 
-def _getxattr(served: Served, nodeid: int, name: str, size: int = 1 << 16) -> tuple[int, bytes]:
-    return served.call(Op.GETXATTR, abi.GETXATTR_IN.pack(size, 0) + name.encode() + b"\0", nodeid)
+def _getxattr(served: Served, nodeid: int, name: str, size: int = 1 << 16, uid: int = 0) -> tuple[int, bytes]:
+    return served.call(Op.GETXATTR, abi.GETXATTR_IN.pack(size, 0) + name.encode() + b"\0", nodeid, uid=uid)
 
 
 def test_stats_xattr_on_root_only(served: Served) -> None:
@@ -305,23 +305,26 @@ def test_stats_xattr_on_root_only(served: Served) -> None:
     assert served.call(Op.LISTXATTR, abi.GETXATTR_IN.pack(4096, 0), STATS_ID) == (0, b"")
 
 
-def test_warm_xattr_runs_once_per_size_query(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[str] = []
-
-    def warm(path: str) -> dict:
-        calls.append(path)
-        return {"files": 3, "bytes": 12345678901234, "seconds": 0.25, "path": path * 10}
-
-    monkeypatch.setattr(served.engine, "warm", warm)
+def test_warm_xattr_starts_one_job_per_size_query_and_reports_it(served: Served) -> None:
     node = served.node("/dir")
-    err, out = _getxattr(served, node, "user.fastfs.warm", 0)  # size query: computed and kept
+    err, out = _getxattr(served, node, "user.fastfs.warm", 0)  # size query: the job starts, its id is kept
+    assert err == 0
     size = abi.GETXATTR_OUT.unpack(out)[0]
-    err, value = _getxattr(served, node, "user.fastfs.warm", size)
-    assert err == 0 and json.loads(value)["files"] == 3
-    assert calls == ["/dir"]
-    _getxattr(served, node, "user.fastfs.warm")
-    _getxattr(served, node, "user.fastfs.warm")
-    assert calls == ["/dir", "/dir", "/dir"]
+    err, value = _getxattr(served, node, "user.fastfs.warm", size)  # the real read: the same job
+    assert err == 0
+    job = json.loads(value)["job"]
+    assert len(served.ops.control.warms._jobs) == 1
+    deadline = time.monotonic() + 10
+    while True:
+        err, report = _getxattr(served, node, f"user.fastfs.warm.{job}")
+        assert err == 0
+        progress = json.loads(report)
+        if progress["done"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert progress["done"] and progress["files_done"] == 1 and progress["bytes_done"] == len(b"hello\n")
+    # another caller does not see the job
+    assert _getxattr(served, node, f"user.fastfs.warm.{job}", uid=65534)[0] == errno.ENODATA
 
 
 # -- the session: errors, the watchdog, interrupts --------------------------------------------------

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import bisect
+import json
 import threading
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fastfs.daemon import statscli
 from fastfs.fsio import stats as m
+from fastfs.fsio.stats import Stats, encode_bounded
 
 
 @given(st.integers(0, 1 << 30))
@@ -64,3 +69,57 @@ def test_disabled_stats_count_nothing():
     s.request(4096, 4096)
     s.add(m.PREADS)
     assert s.counters()[m.READ_REQUESTS] == 0 and s.counters()[m.PREADS] == 0
+
+
+def _snapshot(**counters) -> dict:
+    snap = Stats().snapshot()
+    snap["counters"].update(counters)
+    snap["mount"] = {"mountpoint": "/m", "source": "/s", "pid": 1}
+    return snap
+
+
+def test_summary_of_nothing_read_shows_dashes_not_zero_ratios() -> None:
+    """Issue 12 finding 9: "amplification 0.00" and "prefetch accuracy 0.0%" when nothing was read."""
+    text = statscli.format_summary(_snapshot(bytes_fetched_prefetch=4096))
+    assert "amplification      - " in text
+    assert "prefetch accuracy  - " in text
+    assert "hit ratio -" in text
+    assert "amplification -" in statscli.summary_line(_snapshot())
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(None, "-"), (0.00005, "0.05 ms"), (0.0025, "2.50 ms"), (0.025, "25.0 ms"), (0.1, "100 ms"), (10.0, "10.0 s")],
+)
+def test_latency_is_never_shown_in_exponent_notation(seconds, shown) -> None:
+    """Issue 12 finding 9: p99 was printed as "1e+02 ms"."""
+    assert statscli._ms(seconds) == shown
+
+
+def test_json_honours_top_and_a_top_beyond_the_table_says_so(monkeypatch, capsys) -> None:
+    """Issue 12 finding 9: --json ignored --top, and --top above the daemon's table was capped silently."""
+    snap = _snapshot()
+    snap["top_files"] = [{"path": f"/f{i}", "fetched": i, "delivered": i, "amplification": 1.0} for i in range(60)]
+    monkeypatch.setattr(statscli, "read_snapshot", lambda mountpoint: json.loads(json.dumps(snap)))
+    args = argparse.Namespace(mountpoint="/m", json=True, watch=None, top=2)
+    assert statscli.main(args) == 0
+    out, err = capsys.readouterr()
+    assert [r["path"] for r in json.loads(out)["top_files"]] == ["/f59", "/f58"]
+    assert err == ""
+    args = argparse.Namespace(mountpoint="/m", json=False, watch=None, top=statscli.STATS_TOP_FILES + 1)
+    assert statscli.main(args) == 0
+    out, err = capsys.readouterr()
+    assert f"at most {statscli.STATS_TOP_FILES} files" in err
+    assert len(out.strip().splitlines()) == 1 + statscli.STATS_TOP_FILES + 1
+
+
+def test_encode_bounded_drops_top_rows_until_it_fits() -> None:
+    snap = _snapshot()
+    snap["top_files"] = [{"path": "/" + "p" * 4000 + str(i), "fetched": 1, "delivered": 1} for i in range(40)]
+    data = encode_bounded(snap, 65536)
+    assert len(data) <= 65536
+    doc = json.loads(data)
+    assert 0 < len(doc["top_files"]) < 40 and doc["top_files_dropped"] == 40 - len(doc["top_files"])
+    assert doc["top_files"] == snap["top_files"][: len(doc["top_files"])]
+    small = _snapshot()
+    assert json.loads(encode_bounded(small, 65536)) == small

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
 import json
 import os
 import random
@@ -18,7 +19,7 @@ from fastfs.daemon import warm
 
 KIB = 1024
 MIB = 1024 * KIB
-SUMMARY = re.compile(r"^warmed (\d+) files, .* in [0-9.]+ s \([0-9.]+ GB/s\)", re.MULTILINE)
+SUMMARY = re.compile(r"^warmed (\d+) files, .* in [0-9.]+ s \([0-9.]+ MiB/s\)", re.MULTILINE)
 
 
 def make_tree(src: Path, outside: Path) -> dict[str, bytes]:
@@ -76,7 +77,7 @@ def test_warm_tree_then_reads_are_served_from_cache(src: Path, mnt: Path, tmp_pa
 def test_warm_single_file_and_subdirectory(src: Path, mnt: Path, tmp_path: Path) -> None:
     files = make_tree(src, tmp_path / "outside.bin")
     small = sum(len(d) for rel, d in files.items() if rel.startswith("small/"))
-    with mounted(src, mnt) as m:
+    with mounted(src, mnt, options=[SERVED]) as m:
         before = counters(m)
         r = run_cli("warm", str(mnt / "big.bin"), timeout=120)
         assert r.returncode == 0, r.stderr
@@ -103,9 +104,84 @@ def test_warm_outside_a_fastfs_mount_fails_in_one_line(tmp_path: Path) -> None:
     assert "not inside a fastfs mount" in r.stderr
 
 
-# -- without FUSE: a fake mount root and a stand-in for the xattr channel -------------------------
+# -- pipelines: lists, --check, --evict, exit status (issue 17) -------------------------------------
+CHECK_LINE = re.compile(r"^(?P<path>.+): (?P<cached>\d+) of (?P<files>\d+) files cached, .* \((?P<pct>[0-9.]+)%\)$")
 
 
+def _check_lines(stdout: str) -> dict[str, tuple[int, int, float]]:
+    out = {}
+    for line in stdout.splitlines():
+        match = CHECK_LINE.match(line)
+        if match:
+            out[match["path"]] = (int(match["cached"]), int(match["files"]), float(match["pct"]))
+    return out
+
+
+def test_from_file_and_stdin_check_and_evict(src: Path, mnt: Path, tmp_path: Path) -> None:
+    files = make_tree(src, tmp_path / "outside.bin")
+    with mounted(src, mnt, options=[SERVED]) as m:
+        small, big = mnt / "small", mnt / "big.bin"
+        r = run_cli("warm", "--check", small, big)
+        assert r.returncode == 1, r.stdout + r.stderr  # nothing is cached yet
+        lines = _check_lines(r.stdout)
+        assert lines[str(small)] == (0, 40, 0.0) and lines[str(big)] == (0, 1, 0.0)
+        assert "MiB" in r.stdout and "GB" not in r.stdout
+
+        listing = tmp_path / "list.txt"
+        listing.write_text(f"{small / '000.bin'}\n\n{small / '001.bin'}\n")
+        r = run_cli("warm", "--from-file", listing, "--from-file", "-", input=f"{big}\n", timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert SUMMARY.search(r.stdout).group(1) == "3"
+        r = run_cli("warm", "--check", small, big)
+        lines = _check_lines(r.stdout)
+        assert lines[str(small)][:2] == (2, 40) and lines[str(big)] == (1, 1, 100.0)
+        assert r.returncode == 1  # small/ is not all cached
+
+        assert run_cli("warm", small, timeout=120).returncode == 0
+        r = run_cli("warm", "--check", "--from-file", "-", input=f"{small}\n{big}\n")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "cached: 41 of 41 files" in r.stdout
+        before = m.stats()["counters"]
+        for rel in ("small/000.bin", "big.bin"):  # served from RAM, byte-exact
+            assert (mnt / rel).read_bytes() == files[rel]
+        after = m.stats()["counters"]
+        assert after["bytes_fetched_prefetch"] + after["bytes_fetched_demand"] == (
+            before["bytes_fetched_prefetch"] + before["bytes_fetched_demand"]
+        )
+
+        r = run_cli("warm", "--evict", big)
+        assert r.returncode == 0, r.stderr
+        assert f"evicted {warm.human(len(files['big.bin']))} from 1 files" in r.stdout
+        r = run_cli("warm", "--check", big)
+        assert _check_lines(r.stdout)[str(big)] == (0, 1, 0.0) and r.returncode == 1
+        assert (mnt / "big.bin").read_bytes() == files["big.bin"]
+
+
+def test_warm_of_more_than_the_budget_exits_1_and_says_why(src: Path, mnt: Path) -> None:
+    for i in range(12):
+        (src / f"f{i:02d}.bin").write_bytes(random.Random(i).randbytes(4 * MIB))
+    with mounted(src, mnt, options=["cache.budget=16M", SERVED]):
+        r = run_cli("warm", mnt, timeout=120)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "cache budget" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_warm_bad_list_and_no_paths_are_one_line_errors(mount, tmp_path: Path) -> None:
+    for args, expected in (
+        (["--from-file", tmp_path / "none.txt"], "none.txt"),
+        ([], "no paths given"),
+        (["--from-file", "-"], "no paths given"),
+    ):
+        r = run_cli("warm", *args, input="")
+        assert r.returncode == 1
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], r.stderr
+    r = run_cli("warm", "--check", "--evict", mount.mnt)
+    assert r.returncode == 2 and "not allowed with" in r.stderr
+
+
+# -- without FUSE: a fake mount root and a stand-in for the control channel -------------------------
 @pytest.fixture
 def fake_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "root"
@@ -116,78 +192,127 @@ def fake_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def fake_getxattr(behaviour):
-    calls: list[str] = []
+class FakeDaemon:
+    """Answers the control xattrs as the daemon would, with jobs finishing after *polls* polls."""
 
-    def getxattr(path, name, *, follow_symlinks=True):
-        assert name == warm.XATTR_WARM
+    def __init__(self, report=None, start_error=None, polls: int = 2, busy: int = 0) -> None:
+        self.report = report or (lambda path: {"files_total": 1, "files_done": 1, "bytes_total": 1, "bytes_done": 1})
+        self.start_error = start_error
+        self.polls = polls
+        self.busy = busy
+        self.jobs: dict[int, tuple[str, int]] = {}
+        self.started: list[str] = []
+
+    def getxattr(self, path, name, *, follow_symlinks=True):
         assert follow_symlinks is False
-        calls.append(os.fspath(path))
-        return behaviour(os.fspath(path))
+        path = os.fspath(path)
+        if name == warm.XATTR_WARM:
+            if self.start_error is not None:
+                self.start_error(path)
+            if self.busy:
+                self.busy -= 1
+                raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN), path)
+            job = len(self.jobs) + 1
+            self.jobs[job] = (path, 0)
+            self.started.append(path)
+            return json.dumps({"job": job}).encode()
+        assert name.startswith("user.fastfs.warm.")
+        job = int(name.rsplit(".", 1)[1])
+        target, polls = self.jobs[job]
+        self.jobs[job] = (target, polls + 1)
+        base = {"job": job, "path": target, "done": polls + 1 >= self.polls, "errors": []}
+        if not base["done"]:
+            return json.dumps({**base, "files_done": 0}).encode()
+        return json.dumps({**base, **self.report(target)}).encode()
 
-    return getxattr, calls
+
+def run_main(paths: list[Path], jobs: int = 3, **kw) -> int:
+    ns = argparse.Namespace(paths=[str(p) for p in paths], jobs=jobs, from_file=[], check=False, evict=False)
+    for key, value in kw.items():
+        setattr(ns, key, value)
+    return warm.main(ns)
 
 
-def run_main(paths: list[Path], jobs: int = 3) -> int:
-    return warm.main(argparse.Namespace(paths=[str(p) for p in paths], jobs=jobs))
+def _tree_report(path: str) -> dict:
+    target = Path(path)
+    sizes = (
+        [target.stat().st_size] if target.is_file() else [p.stat().st_size for p in target.rglob("*") if p.is_file()]
+    )
+    n, total = len(sizes), sum(sizes)
+    return {"files_total": n, "files_done": n, "bytes_total": total, "bytes_done": total}
 
 
-def test_main_sums_daemon_answers(fake_mount: Path, monkeypatch, capsys) -> None:
-    def answer(path: str) -> bytes:
-        return json.dumps({"files": 1, "bytes": os.path.getsize(path), "seconds": 0.001}).encode()
-
-    getxattr, calls = fake_getxattr(answer)
-    monkeypatch.setattr(os, "getxattr", getxattr)
-    assert run_main([fake_mount]) == 0
+def test_main_sums_job_reports(fake_mount: Path, monkeypatch, capsys) -> None:
+    daemon = FakeDaemon(_tree_report)
+    monkeypatch.setattr(os, "getxattr", daemon.getxattr)
+    other = fake_mount / "e"
+    other.mkdir()
+    (other / "x").write_bytes(b"12345")
+    assert run_main([fake_mount / "d", fake_mount / "d" / "03", other / "x", other / "x"]) == 0
     out, err = capsys.readouterr()
-    assert sorted(calls) == sorted(str(p) for p in (fake_mount / "d").iterdir())
-    assert SUMMARY.search(out).group(1) == "15"
-    assert f"{sum(range(1, 16))} B" in out
+    assert daemon.started == [str(fake_mount / "d"), str(other / "x")]  # one job per path not covered
+    assert SUMMARY.search(out).group(1) == "16"
+    assert f"{sum(range(1, 16)) + 5} B" in out
     assert err == ""
 
 
-def test_main_reports_partial_warm(fake_mount: Path, monkeypatch, capsys) -> None:
-    getxattr, _ = fake_getxattr(lambda p: b'{"files": 1, "bytes": 0, "seconds": 0, "declined": 1}')
-    monkeypatch.setattr(os, "getxattr", getxattr)
-    assert run_main([fake_mount / "d" / "03"]) == 0
-    assert "cache budget is full" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("report", "message"),
+    [
+        ({"declined": 1}, "cache budget is full"),
+        ({"evicted": 4096}, "evicted again"),
+        ({"skipped": 2}, "no permission"),
+        ({"failed": 1, "errors": ["/x: source read timed out"]}, "timed out"),
+    ],
+)
+def test_main_exits_1_when_anything_was_not_cached(fake_mount: Path, monkeypatch, capsys, report, message) -> None:
+    base = {"files_total": 2, "files_done": 2, "bytes_total": 2, "bytes_done": 1}
+    monkeypatch.setattr(os, "getxattr", FakeDaemon(lambda p: {**base, **report}).getxattr)
+    assert run_main([fake_mount / "d" / "03"]) == 1
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("code", [errno.ENOTSUP, errno.ENODATA])
 def test_main_daemon_without_warm(fake_mount: Path, monkeypatch, capsys, code: int) -> None:
-    def unsupported(path: str) -> bytes:
+    def unsupported(path: str) -> None:
         raise OSError(code, os.strerror(code), path)
 
-    getxattr, calls = fake_getxattr(unsupported)
-    monkeypatch.setattr(os, "getxattr", getxattr)
-    assert run_main([fake_mount], jobs=1) == 1
+    daemon = FakeDaemon(start_error=unsupported)
+    monkeypatch.setattr(os, "getxattr", daemon.getxattr)
+    assert run_main([fake_mount / "d" / "01", fake_mount / "d" / "02"], jobs=1) == 1
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert "cannot warm" in lines[0]
-    assert len(calls) < 15  # stops asking once the daemon said it cannot
     assert SUMMARY.search(out).group(1) == "0"
 
 
-def test_main_counts_and_limits_errors(fake_mount: Path, monkeypatch, capsys) -> None:
-    def flaky(path: str) -> bytes:
-        if int(os.path.basename(path)) % 5 == 0:
-            return b'{"files": 1, "bytes": 1, "seconds": 0}'
-        if int(os.path.basename(path)) == 7:
-            return b"not json"
-        raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+def test_main_waits_while_the_daemon_is_busy(fake_mount: Path, monkeypatch, capsys) -> None:
+    daemon = FakeDaemon(busy=2)
+    monkeypatch.setattr(os, "getxattr", daemon.getxattr)
+    monkeypatch.setattr(warm, "POLL_MAX", 0.01)
+    assert run_main([fake_mount / "d" / "01", fake_mount / "d" / "02"], jobs=2) == 0
+    assert len(daemon.started) == 2
+    assert SUMMARY.search(capsys.readouterr().out).group(1) == "2"
 
-    getxattr, _ = fake_getxattr(flaky)
-    monkeypatch.setattr(os, "getxattr", getxattr)
-    assert run_main([fake_mount / "d"]) == 1
+
+def test_main_counts_and_limits_errors(fake_mount: Path, monkeypatch, capsys) -> None:
+    def flaky(path: str) -> None:
+        if int(os.path.basename(path)) % 5 and int(os.path.basename(path)) != 7:
+            raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+
+    daemon = FakeDaemon(start_error=flaky)
+    monkeypatch.setattr(os, "getxattr", daemon.getxattr)
+    paths = sorted((fake_mount / "d").iterdir())
+    assert run_main(paths) == 1
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
-    # 12 failures: 10 shown, then one line for the rest.
+    # 11 failures: 10 shown, then one line for the rest.
     assert len(lines) == warm.MAX_ERRORS_SHOWN + 1
-    assert lines[-1].endswith("and 2 more failed files")
-    assert sum("Input/output error" in line for line in lines) >= 9
-    assert "12 failed" in out
-    assert SUMMARY.search(out).group(1) == "3"
+    assert lines[-1].endswith("and 1 more")
+    assert sum("Input/output error" in line for line in lines) == warm.MAX_ERRORS_SHOWN
+    assert "11 failed" in out
+    assert SUMMARY.search(out).group(1) == "4"
 
 
 def test_main_rejects_bad_jobs(fake_mount: Path, capsys) -> None:
@@ -196,7 +321,60 @@ def test_main_rejects_bad_jobs(fake_mount: Path, capsys) -> None:
     assert len(capsys.readouterr().err.strip().splitlines()) == 2
 
 
+def test_read_list(tmp_path: Path) -> None:
+    listing = tmp_path / "l"
+    listing.write_bytes(b"/a b\n\n  \n/c\r\n/caf\xe9\n")
+    assert warm.read_list(str(listing)) == ["/a b", "/c", os.fsdecode(b"/caf\xe9")]
+    assert warm.read_list("-", io.StringIO("/x\n/y")) == ["/x", "/y"]
+    with pytest.raises(warm.WarmError):
+        warm.read_list(str(tmp_path / "missing"))
+
+
+def test_human_units() -> None:
+    assert [warm.human(n) for n in (0, 1023, 1536, 5 * MIB, 3 << 30)] == [
+        "0 B",
+        "1023 B",
+        "1.5 KiB",
+        "5.0 MiB",
+        "3.0 GiB",
+    ]
+
+
 def test_find_mount_root(tmp_path: Path) -> None:
-    # tmp_path lies on an ordinary filesystem: its nearest mount point has no .fastfs/stats.
+    # tmp_path lies on an ordinary filesystem: the mount holding it is not fastfs.
     assert warm.find_mount_root(str(tmp_path)) is None
     assert warm.find_mount_root("/") is None
+
+
+def test_progress_counts_files_and_shows_bytes(capsys) -> None:
+    bar = warm._Progress(True)
+    bar.show(10, 2000, 5 * MIB, 3 << 30)
+    bar.show(1900, 2000, 3 << 30, 3 << 30)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "10/2000" in err and "1900/2000" in err and " 95%" in err  # by files, not weighed by bytes
+    assert "5.0 MiB of 3.0 GiB" in err and "GB" not in err
+
+
+def test_warm_on_a_passthrough_mount_fills_the_source_page_cache(src: Path, mnt: Path) -> None:
+    from conftest import evict_page_cache, wait_for
+
+    from fastfs.fsio.source import cached_share
+
+    data = random.Random(3).randbytes(24 << 20)
+    (src / "big.bin").write_bytes(data)
+    os.sync()  # dirty pages cannot be dropped
+    evict_page_cache(src / "big.bin")
+    with mounted(src, mnt, options=["fuse.passthrough=on"]) as m:
+        r = run_cli("warm", str(mnt / "big.bin"), timeout=120)
+        assert r.returncode == 0, r.stderr
+        fd = os.open(src / "big.bin", os.O_RDONLY)
+        try:
+            assert wait_for(lambda: cached_share(fd, len(data)) > 0.95, timeout=20)
+        finally:
+            os.close(fd)
+        check = run_cli("warm", "--check", str(mnt / "big.bin"), timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert counters(m)["bytes_passthrough_warmed"] >= len(data)
+        assert counters(m)["bytes_fetched_prefetch"] == 0  # nothing went to the RAM cache
+        assert (mnt / "big.bin").read_bytes() == data

@@ -1,0 +1,163 @@
+"""The mount's control requests (stats, warm jobs, cache reports, evictions), whatever the binding.
+
+The kernel adapter hands every control request (the names of :mod:`fastfs.daemon.control`) to a
+:class:`Controller` with the request's :class:`~fastfs.fsio.access.Caller`; answers are bytes, errors
+``OSError`` with the errno to answer. Nothing here knows libfuse, so a new adapter reuses it as is.
+
+Who sees what. The stats snapshot is complete for the mounting user (the daemon's effective uid)
+and for root. Any other caller (possible only on an ``allow_other`` mount) gets it through
+:func:`fastfs.fsio.stats.redact`: counters, rates, histograms, gauges and error counts, but no path
+at all (no top-files table, no source directory). Warm jobs, cache reports and evictions check the
+caller's rights on every file (:mod:`fastfs.fsio.warm`); a job's progress is visible only to its
+caller and root.
+
+Retries. A getxattr may come twice for one call: a size query (buffer 0, or the first small buffer
+``os.getxattr`` tries) and then the real read. An answer that did not fit the first buffer of a
+request with an effect (starting a warm, evicting) is kept for :data:`PENDING_TTL` seconds, keyed by
+(name, path, uid, pid), and handed to the retry instead of acting twice.
+
+Concurrency: ``_lock`` guards ``_pending``; the warm jobs and the engine guard their own state.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from fastfs.daemon.control import (
+    STATS_DIR,
+    STATS_TOP_FILES,
+    XATTR_CACHED,
+    XATTR_EVICT,
+    XATTR_MAX,
+    XATTR_STATS,
+    XATTR_WARM,
+    XATTR_WARM_JOB,
+    is_control_path,
+)
+from fastfs.fsio.access import Caller
+from fastfs.fsio.stats import encode_bounded, redact
+from fastfs.fsio.warm import WarmJobs
+
+ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
+# Seconds an answer of an effectful request is kept for the retry of a too-small buffer.
+PENDING_TTL = 30.0
+# Answers kept for retries at most (the oldest are dropped first).
+MAX_PENDING = 1024
+# The control xattr names, for adapters that must tell them from the source's own attributes.
+NAMES = (XATTR_STATS, XATTR_WARM, XATTR_CACHED, XATTR_EVICT)
+
+
+def is_control_xattr(name: str) -> bool:
+    """True for the names this controller answers (never passed on to the source)."""
+    return name in NAMES or name.startswith(XATTR_WARM_JOB)
+
+
+class Controller:
+    """Control requests of one mount over its engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: Any,
+        mount_info: dict[str, Any] | None = None,
+        owner_uid: int | None = None,
+        extra: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.mount_info = dict(mount_info or {})
+        self.extra = extra  # more sections of the snapshot from the adapter (no paths in them)
+        self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
+        self.warms = WarmJobs(engine, hidden=(STATS_DIR,))
+        self._lock = threading.Lock()
+        self._pending: OrderedDict[tuple[str, str, int, int], tuple[float, bytes]] = OrderedDict()
+
+    # -- stats --------------------------------------------------------------------------------------
+    def sees_all(self, caller: Caller | None) -> bool:
+        """True for the mounting user and root (and for the daemon itself: *caller* None)."""
+        return caller is None or caller.is_root or caller.uid == self.owner_uid
+
+    def snapshot(self, caller: Caller | None = None) -> dict[str, Any]:
+        """Engine snapshot plus the mount's identity, redacted unless *caller* sees everything."""
+        snap = self.engine.snapshot(STATS_TOP_FILES)
+        snap["mount"] = {
+            "source": self.mount_info.get("source", ""),
+            "mountpoint": self.mount_info.get("mountpoint", ""),
+            "pid": os.getpid(),
+        }
+        if self.extra is not None:
+            snap.update(self.extra())
+        return snap if self.sees_all(caller) else redact(snap)
+
+    def stats_file(self, caller: Caller | None, redacted: bool = False) -> bytes:
+        """The document served as ``.fastfs/stats`` (*redacted*: the view of other users, whoever asks)."""
+        snap = self.snapshot(caller)
+        if redacted and not snap.get("redacted"):
+            snap = redact(snap)
+        return (json.dumps(snap, indent=1) + "\n").encode()
+
+    # -- xattr requests -----------------------------------------------------------------------------
+    def getxattr(self, path: str, name: str, size: int | None, caller: Caller, pid: int = 0) -> bytes:
+        """Answer control xattr *name* of *path* for *caller*; *size* is the caller's buffer (0 or too
+        small: it will ask again). Raises OSError (ENODATA for a name not meant for this path)."""
+        if name == XATTR_STATS:
+            if path != "/":
+                raise OSError(ENOATTR, "stats are an attribute of the mount root")
+            return encode_bounded(self.snapshot(caller), XATTR_MAX)
+        if name.startswith(XATTR_WARM_JOB):
+            try:
+                job_id = int(name[len(XATTR_WARM_JOB) :])
+            except ValueError:
+                raise OSError(ENOATTR, "no such warm job") from None
+            return _json(self.warms.progress(job_id, caller))
+        if name == XATTR_CACHED:
+            self._not_control(path)
+            return _json(self.warms.cached(path, caller))
+        if name in (XATTR_WARM, XATTR_EVICT):
+            self._not_control(path)
+            key = (name, path, caller.uid, pid)
+            kept = self._take_pending(key)
+            if kept is not None:
+                return kept
+            if name == XATTR_WARM:
+                data = _json({"job": self.warms.start(path, caller).id})
+            else:
+                data = _json(self.warms.evict(path, caller))
+            if size is not None and len(data) > size:
+                self._keep_pending(key, data)
+            return data
+        raise OSError(ENOATTR, "not a control attribute")
+
+    @staticmethod
+    def _not_control(path: str) -> None:
+        if is_control_path(path):
+            raise OSError(errno.ENOTSUP, "not a file of the source", path)
+
+    def _take_pending(self, key: tuple[str, str, int, int]) -> bytes | None:
+        now = time.monotonic()
+        with self._lock:
+            while self._pending:
+                oldest = next(iter(self._pending.values()))
+                if now - oldest[0] <= PENDING_TTL:
+                    break
+                self._pending.popitem(last=False)
+            kept = self._pending.pop(key, None)
+        return None if kept is None else kept[1]
+
+    def _keep_pending(self, key: tuple[str, str, int, int], data: bytes) -> None:
+        with self._lock:
+            self._pending[key] = (time.monotonic(), data)
+            while len(self._pending) > MAX_PENDING:
+                self._pending.popitem(last=False)
+
+    def close(self) -> None:
+        self.warms.close()
+
+
+def _json(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
