@@ -432,7 +432,9 @@ class Daemon:
                 threads=fc.threads,
                 request_timeout=fc.request_timeout,
                 read_timeout=self.config.readahead.read_timeout,
+                on_abandon=self.ops.abandoned,
             )
+            self.engine.inline_reads = True  # the watchdog bounds a read that hangs on its own thread
             self.ops.session = self.session
             try:
                 self.session.start(on_init=self._on_init)

@@ -363,6 +363,13 @@ class KernelOps:
             self.engine.read_into(fh, offset, dest, parts=parts)
         return parts.views  # RAM blocks and source bytes in file order, sent by one writev
 
+    def abandoned(self, opcode: int, body: memoryview) -> None:
+        """The session's watchdog answered a request its handler is still serving (a hung source)."""
+        if opcode == Op.READ and len(body) >= abi.READ_IN.size:
+            fh = abi.READ_IN.unpack_from(body)[0]
+            if 0 < fh < VIRTUAL_FH_BASE:
+                self.engine.abandoned_read(fh)
+
     def release(self, request: Request, body: memoryview) -> None:
         fh = abi.RELEASE_IN.unpack_from(body)[0]
         if fh >= VIRTUAL_FH_BASE:

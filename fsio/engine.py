@@ -188,6 +188,8 @@ class FileEntry:
     mmap_seen: bool = False
     heads: tuple[tuple[int, int, int], ...] = ()  # (start, end, cache index) of fetched head windows, by
     # start (replaced whole, read without lock)
+    inline: int = 0  # source reads running on readers' own threads (guarded by lock)
+    inline_stuck: int = 0  # of those, counted in stuck: the kernel layer gave up on their readers (lock)
     stuck: int = 0  # source reads (direct or block fills) still running after a reader timed out on
     # them (guarded by lock); while > 0 new reads fail fast (see Engine._fail_fast)
     probe_at: float = 0.0  # monotonic time the last read was let through to a stuck file (guarded by lock)
@@ -251,6 +253,8 @@ class Engine:
         self._next_fh = 1
         self._closed = False
         self.passthrough_available = False  # set by the daemon when the kernel connection can do passthrough
+        self.inline_reads = False  # set by the daemon when a watchdog bounds requests: exact small reads
+        # then run on the reader's thread (see _read_direct)
         self._metadata_threads: concurrent.futures.ThreadPoolExecutor | None = None  # made on first need
         self.trace = DecisionLog(log)  # --log-level debug: opens and pattern decisions, rate-limited
         self.learn = None
@@ -735,6 +739,36 @@ class Engine:
                 return False
         return True
 
+    def abandoned_read(self, fh: int) -> None:
+        """The kernel layer gave up on a read of *fh* (its watchdog answered the request while the
+        read ran on): if an inline source read of the file is still out, it counts as a stuck read of
+        the file until it returns, so later reads of it fail fast instead of hanging one more thread."""
+        entry = self._handles.get(fh)
+        if entry is None:
+            return
+        with entry.lock:
+            if entry.inline <= entry.inline_stuck:
+                return  # no inline read out that is not counted already
+            if not entry.stuck:
+                entry.probe_at = time.monotonic()
+                entry.unstuck.clear()
+            entry.stuck += 1
+            entry.inline_stuck += 1
+        self.stats.add(m.TIMEOUTS)
+
+    def _inline_done(self, entry: FileEntry) -> None:
+        with entry.lock:
+            entry.inline -= 1
+            unstuck = False
+            if entry.inline_stuck:
+                entry.inline_stuck -= 1
+                entry.stuck -= 1
+                unstuck = entry.stuck == 0
+                if unstuck:
+                    entry.unstuck.set()
+        if unstuck:
+            self._unstuck(entry)
+
     def _failed_fast(self, entry: FileEntry) -> None:
         self.stats.add(m.FAST_FAILS)
         raise OSError(errno.EIO, "source reads of this file are stuck", entry.path)
@@ -754,11 +788,16 @@ class Engine:
         src = self._get_source(entry)
         length = len(view)
         aligned = length >= EXACT_ALIGNED_MIN and pos % DIRECT_ALIGN == 0
-        if not timeout and not aligned:
+        if not aligned and (not timeout or self.inline_reads):
+            # on the reader's own thread: a hand-off to the pool costs more than the read on a fast
+            # source; a hung one is bounded by the kernel layer's watchdog (abandoned_read below)
+            with entry.lock:
+                entry.inline += 1
             try:
                 n = self._timed_pread(src, pos, view, entry.path)
             finally:
                 self._put_source(src)
+                self._inline_done(entry)
             self.stats.add(m.BYTES_FETCHED_DEMAND, n)
             return n
         size = round_up(length) if aligned else length

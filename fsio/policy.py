@@ -12,8 +12,8 @@ requests (several FUSE threads deliver 1 MiB requests out of order). Only reads 
 of the expected offset count as evidence of a sequential pattern; looser joins just keep the
 stream alive. A stream is sequential after
 :data:`SEQ_MIN_HITS` continuing reads covering at least :data:`SEQ_MIN_BYTES`, or at once when it
-starts at offset 0 (the common "load the
-whole file" case; the kernel makes the same bet). Its prefetch window starts at
+starts at offset 0 with a read of at least :data:`ZERO_BET_MIN` (the common "load the whole file"
+case; the kernel makes the same bet; a database's small header read does not). Its prefetch window starts at
 ``initial_window`` and doubles, up to ``max_window``, each time the previous plan was scheduled
 whole; a plan cut short by backpressure keeps the window. A read that continues no stream starts a
 new one, replacing the least recently used; losing a sequential stream that way is a reset.
@@ -40,6 +40,10 @@ SEQ_MIN_HITS = 3
 # several contiguous requests (the kernel splits it and reads ahead up to 1 MiB), so a stream has to
 # outgrow what a single application read can span.
 SEQ_MIN_BYTES = 4 * 1024 * 1024
+# A first read from offset 0 at least this large makes the whole-file bet at once (the kernel turns
+# a sequential reader's first read into >= 128 KiB; a database or an index reading its 4 KiB header
+# page comes as 16 KiB and must prove a stream like any other reader).
+ZERO_BET_MIN = 64 * 1024
 # Out-of-order tolerance in units of the stream's request size (kernel read-ahead from 10 FUSE threads).
 REORDER_REQUESTS = 16
 # Cap on the tolerance so a slack computed from huge requests does not swallow real seeks.
@@ -119,7 +123,7 @@ class StreamPolicy:
         tight = True
         if stream is None:
             stream, reset = self._new_stream(offset, size)
-            if offset == 0:
+            if offset == 0 and size >= ZERO_BET_MIN:
                 stream.sequential = True
                 stream.hits = SEQ_MIN_HITS
                 started = True

@@ -756,3 +756,48 @@ def test_reads_of_a_file_with_stuck_reads_fail_fast_until_they_return(data_dir, 
         release.set()
         engine.release(r.fh)
         engine.close()
+
+
+def test_small_reads_run_inline_and_an_abandoned_one_counts_as_stuck(data_dir, tmp_path, monkeypatch):
+    """With the kernel layer's watchdog (inline_reads), an exact small read runs on the reader's own
+    thread (no pool hand-off); when the watchdog gives up on it, the file counts a stuck read, so later
+    reads fail fast without reaching the source until the hung read returns."""
+    from fastfs.fsio import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "UNSTUCK_WAIT", 0.05)
+    engine = make_engine(data_dir, tmp_path, **{"readahead.read_timeout": "1", "readahead.enabled": "false"})
+    engine.inline_reads = True
+    expected = (data_dir / "big").read_bytes()
+    release = threading.Event()
+    threads: list[int] = []
+    try:
+        r = engine.open("/big")
+        src = engine._handles[r.fh].src
+        real = type(src).read_into
+
+        def hang(self, offset, view, aligned=False):
+            threads.append(threading.get_ident())
+            if offset == 4096 and not release.is_set():
+                release.wait(30)
+            return real(self, offset, view, aligned)
+
+        monkeypatch.setattr(type(src), "read_into", hang)
+        assert engine.read(r.fh, 0, 100) == expected[:100]
+        assert threads == [threading.get_ident()]  # inline: the reader's own thread
+        stuck_reader = threading.Thread(target=lambda: engine.read(r.fh, 4096, 100))
+        stuck_reader.start()
+        assert wait_until(lambda: len(threads) == 2)
+        engine.abandoned_read(r.fh)  # what the watchdog does when it answers that request
+        engine.abandoned_read(r.fh)  # a second report of the same read counts once
+        assert engine._handles[r.fh].stuck == 1
+        with pytest.raises(OSError) as e:
+            engine.read(r.fh, 8192, 100)
+        assert e.value.errno == errno.EIO and len(threads) == 2  # failed fast, no source read
+        release.set()
+        stuck_reader.join(10)
+        assert engine._handles[r.fh].stuck == 0
+        assert engine.read(r.fh, 8192, 100) == expected[8192:8292]
+        engine.release(r.fh)
+    finally:
+        release.set()
+        engine.close()

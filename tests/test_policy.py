@@ -14,6 +14,7 @@ from fastfs.fsio.policy import (
     RUN_CROSS,
     RUN_MIN_LEAD,
     SEQ_MIN_BYTES,
+    ZERO_BET_MIN,
     RangePlan,
     ScanPolicy,
     StreamPolicy,
@@ -285,3 +286,14 @@ def test_scan_policy_epoch():
     assert sp.epoch_over("n3", known=12)
     assert not sp.epoch_over("new", known=12)
     assert not ScanPolicy(trigger=3).epoch_over("n3", known=12)
+
+
+@pytest.mark.parametrize(
+    ("size", "bet"),
+    [(4096, False), (16 * 1024, False), (ZERO_BET_MIN - 1, False), (ZERO_BET_MIN, True), (1 << 20, True)],
+)
+def test_only_a_large_first_read_at_offset_zero_bets_on_the_whole_file(size: int, bet: bool) -> None:
+    """A database reading its header page (16 KiB after the kernel's read-ahead) must not pull the file."""
+    policy = StreamPolicy(1 << 30, 8 << 20, 64 << 20)
+    plan = policy.on_read(0, size)
+    assert plan.sequential is bet and bool(plan.prefetch) is bet

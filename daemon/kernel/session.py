@@ -19,7 +19,8 @@ every worker's current request every :data:`WATCHDOG_TICK` seconds. A request ol
 timeout (``request_timeout`` for metadata requests; reads have their own, shorter deadline in the
 engine and get ``read_timeout`` plus a margin here) is answered EIO from the watchdog, on the
 worker's descriptor; the worker is abandoned (its late reply is dropped, it exits once its handler
-returns) and a new worker takes its place, up to :data:`MAX_ABANDONED` abandoned at once. A
+returns), the adapter is told (``on_abandon``: the engine counts the read as stuck) and a new worker
+takes its place, up to :data:`MAX_ABANDONED` abandoned at once. A
 request the kernel interrupted (the caller got a signal, ``FUSE_INTERRUPT``) is answered EINTR
 that way after :data:`INTERRUPT_GRACE` seconds if the handler has not finished by then.
 
@@ -55,9 +56,10 @@ log = logging.getLogger("fastfs.kernel")
 WATCHDOG_TICK = 0.25
 # Seconds an interrupted request may still take before the watchdog answers it EINTR.
 INTERRUPT_GRACE = 1.0
-# Seconds beyond read_timeout a READ may take before the watchdog answers it (the engine's own
-# deadline comes first; this only catches a read path that never returns).
-READ_MARGIN = 30.0
+# Seconds beyond read_timeout a READ may take before the watchdog answers it: reads waiting on the
+# pool time out in the engine first; reads the engine runs on the request's own thread (small exact
+# reads) are bounded by this.
+READ_MARGIN = 2.0
 # Workers abandoned to hung requests at once before no more are replaced.
 MAX_ABANDONED = 64
 # Request buffer beyond the largest write payload: headers and the longest names.
@@ -178,6 +180,7 @@ class Session:
         request_timeout: float = 0.0,
         read_timeout: float = 0.0,
         name: str = "fastfs",
+        on_abandon: Callable[[int, memoryview], None] | None = None,
     ) -> None:
         self.fd = fd
         self.handlers = handlers
@@ -186,6 +189,7 @@ class Session:
         self.request_timeout = request_timeout
         self.read_deadline = read_timeout + READ_MARGIN if read_timeout else 0.0
         self.name = name
+        self.on_abandon = on_abandon  # (opcode, request body) of a request the watchdog answered
         self.negotiated: Negotiated | None = None
         self.notifier: Notifier | None = None
         self._lock = threading.Lock()
@@ -394,6 +398,11 @@ class Session:
             self._abandoned += 1
             replace = self._abandoned <= MAX_ABANDONED and not self._closed
         self._send(worker.fd, current[0], -error, ())
+        if self.on_abandon is not None:
+            try:
+                self.on_abandon(current[1], worker.view[_HEADER_SIZE:])  # the request is still in the buffer
+            except Exception:  # noqa: BLE001 - the watchdog must go on
+                log.exception("abandon hook failed")
         if replace:
             self._spawn()
 
