@@ -67,6 +67,13 @@ RUN_MIN_LEAD = 32 * 1024 * 1024
 RUN_CROSS = 8 * 1024 * 1024
 # Runs tracked per plan (threads of one mmap load touching different tensors).
 MAX_RUNS = 4
+# Ranges (tensors) read whole by dense runs, not one after another in plan order, after which a plan
+# releases everything (a loader asking for every tensor by name in the model's order, as transformers
+# does with safetensors: the file is read whole, only out of order). In file order the stream/run
+# logic already follows the reader.
+WHOLE_AFTER_RANGES = 3
+# Ranges remembered as read whole (bounds a plan's memory for checkpoints of many tensors).
+MAX_COMPLETE_TRACKED = 64
 # A read within this distance ahead of a stream's prefetched end triggers the next plan
 # (asynchronous read-ahead, like the kernel's PG_readahead mark), as a fraction of the window.
 TRIGGER_FRACTION = 0.5
@@ -221,7 +228,9 @@ class RangePlan:
     Several runs are tracked at once (:data:`MAX_RUNS`: threads of one mmap load touching different
     tensors). Released regions are remembered, so no byte is released twice. With ``whole`` (the
     previous load of this file read all of it) the release at open is usually the whole plan, and
-    runs are not held at the end of their range.
+    runs are not held at the end of their range. A plan becomes ``whole`` on the way too, once
+    dense runs have read :data:`WHOLE_AFTER_RANGES` ranges whole out of plan order (a loader asking
+    for every tensor by name in another order than the file's).
 
     Not thread-safe; the engine calls it under the file's lock.
     """
@@ -250,6 +259,7 @@ class RangePlan:
         self._runs: list[_Run] = []  # most recently used last
         self.confirmed = False
         """The last read's run is confirmed (the reader is walking the plan densely there)."""
+        self._complete: set[int] = set()  # ranges a confirmed run covered whole
 
     def _locate(self, offset: int) -> int | None:
         """Index of the range holding file ``offset``, or None (plans hold disjoint ranges; in a
@@ -278,11 +288,30 @@ class RangePlan:
         self.confirmed = run.read >= RUN_CONFIRM
         if not self.confirmed:
             return []
+        promoted: list[tuple[int, int]] = []
+        if not self.whole and self._completes(run, index):
+            # dense reads have taken whole tensors in an order other than the file's (a loader that
+            # asks for every tensor by name): the whole plan is wanted, only out of order
+            self.whole = True
+            promoted = self._release(0, self.max_lead)
         ahead = min(self.max_lead, max(RUN_MIN_LEAD, RUN_LEAD_FACTOR * run.read))
         limit = run.end + ahead
         if not run.crossed and not self.whole:
             limit = min(limit, self._plan_starts[run.first_range] + self.ranges[run.first_range][1])
-        return self._release(run.end, limit)
+        return promoted + self._release(run.end, limit)
+
+    def _completes(self, run: _Run, index: int) -> bool:
+        """Count range *index* as read whole once a confirmed run covers it; True when that makes
+        :data:`WHOLE_AFTER_RANGES` ranges, not all one after another in plan order."""
+        plan_start = self._plan_starts[index]
+        if index in self._complete or run.start > plan_start or run.end < plan_start + self.ranges[index][1]:
+            return False
+        if len(self._complete) < MAX_COMPLETE_TRACKED:
+            self._complete.add(index)
+        if len(self._complete) < WHOLE_AFTER_RANGES:
+            return False
+        ordered = sorted(self._complete)
+        return ordered != list(range(ordered[0], ordered[0] + len(ordered)))
 
     def _join(self, position: int, stop: int, index: int) -> _Run:
         for run in reversed(self._runs):

@@ -297,3 +297,38 @@ def test_only_a_large_first_read_at_offset_zero_bets_on_the_whole_file(size: int
     policy = StreamPolicy(1 << 30, 8 << 20, 64 << 20)
     plan = policy.on_read(0, size)
     assert plan.sequential is bet and bool(plan.prefetch) is bet
+
+
+def test_tensors_read_whole_out_of_file_order_release_the_whole_plan() -> None:
+    """transformers' safe_open + get_tensor in model order: each tensor read densely, tensors out of
+    file order; after a few the plan releases everything (bounded by max_lead)."""
+    size = 8 * MIB
+    ranges = tuple((i * size, size) for i in range(16))
+    plan = RangePlan(ranges, lead=size, max_lead=256 * MIB)
+    plan.advance()
+    released: list[tuple[int, int]] = []
+    for tensor in (5, 2, 11):  # model order
+        for off in range(tensor * size, (tensor + 1) * size, MIB):
+            released += plan.advance(off, off + MIB)
+    assert plan.whole
+    covered = _merge_ranges([(0, size), *released])
+    assert covered == [(0, 16 * size)]
+
+
+def test_tensors_read_whole_in_file_order_keep_the_run_logic() -> None:
+    size = 8 * MIB
+    plan = RangePlan(tuple((i * size, size) for i in range(16)), lead=size, max_lead=256 * MIB)
+    plan.advance()
+    for off in range(0, 3 * size, MIB):
+        plan.advance(off, off + MIB)
+    assert not plan.whole
+
+
+def _merge_ranges(ranges):
+    out = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out

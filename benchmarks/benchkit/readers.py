@@ -209,12 +209,17 @@ def tree_walk(top: str) -> int:
 
 
 def safetensors_model_order(path: str, keys: Sequence[str]) -> int:
-    """What transformers does: ``safe_open``, then ``get_tensor`` for each key in the model's order."""
+    """What transformers does: ``safe_open``, then ``get_tensor`` for each key in the model's order,
+    each copied into the model's parameter (``load_state_dict``'s ``param.copy_``). ``get_tensor``
+    alone returns a view of the file's mapping and reads almost nothing; the copy reads the tensor."""
+    import torch
     from safetensors import safe_open
 
     nbytes = 0
     with safe_open(path, framework="pt") as f:
         for key in keys:
             t = f.get_tensor(key)
-            nbytes += t.numel() * t.element_size()
+            param = torch.empty_like(t)
+            param.copy_(t)
+            nbytes += param.numel() * param.element_size()
     return nbytes
