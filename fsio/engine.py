@@ -115,6 +115,10 @@ PASSTHROUGH_WARM_MIN = 8 * 1024 * 1024
 PASSTHROUGH_WARM_CHUNK = 2 * 1024 * 1024
 # Source lstats in flight at once for one directory listing with attributes (overlaps ~1 ms round trips).
 LSTAT_PARALLEL = 16
+# A scan keeps at most 1/SCAN_BUDGET_SHARE (half) of the cache budget fetched ahead of the reader: a data set
+# larger than the budget read in shuffled order would otherwise evict files fetched ahead before
+# their turn comes (fetched twice, read once).
+SCAN_BUDGET_SHARE = 2
 # Small files a scan keeps fetched ahead of the reader (bounds memory of huge directories).
 SCAN_LEAD_FILES = 4096
 # Scan fetches in flight per directory (enough to overlap 1.5 ms round trips).
@@ -223,7 +227,10 @@ class DirScan:
     queue: deque[str] = field(default_factory=deque)
     known: int = 0
     inflight: int = 0
-    ahead: int = 0  # files fetched and not opened yet
+    ahead: dict[str, int] = field(default_factory=dict)  # name -> cache capacity of files fetched, not opened yet
+    ahead_bytes: int = 0  # sum of those capacities
+    sized: int = 0  # files this scan fetched, and their capacity in all (the mean estimates fetches in flight)
+    sized_bytes: int = 0
 
 
 def default_budget() -> int:
@@ -1103,10 +1110,10 @@ class Engine:
             if ds.policy.epoch_over(name, ds.known):
                 ds.policy = ScanPolicy(self.config.readahead.scan_trigger)
                 ds.queue.clear()
-                ds.ahead = 0
+                ds.ahead.clear()
+                ds.ahead_bytes = 0
             start = ds.policy.on_open(name)
-            if ds.ahead > 0:
-                ds.ahead -= 1
+            ds.ahead_bytes -= ds.ahead.pop(name, 0)
         learned = None
         if self.learn is not None:
             self.learn.note_plan_used(dir_path, name)
@@ -1155,17 +1162,28 @@ class Engine:
         return out
 
     def _pump(self, dir_path: str, ds: DirScan) -> None:
-        """Keep up to SCAN_PARALLEL fetches in flight and SCAN_LEAD_FILES fetched ahead."""
+        """Keep up to SCAN_PARALLEL fetches in flight and SCAN_LEAD_FILES (and a share of the budget)
+        fetched ahead."""
         prefix = dir_path.rstrip("/") + "/"
         while True:
             with ds.lock:
-                if not ds.queue or ds.inflight >= SCAN_PARALLEL or ds.ahead >= SCAN_LEAD_FILES:
+                if (
+                    not ds.queue
+                    or ds.inflight >= SCAN_PARALLEL
+                    or len(ds.ahead) >= SCAN_LEAD_FILES
+                    # fetches in flight count at the mean size fetched so far (the largest a scan
+                    # fetches before the first): their own sizes come later
+                    or ds.ahead_bytes + (ds.inflight + 1) * self._scan_size_estimate(ds)
+                    > self.cache.budget // SCAN_BUDGET_SHARE
+                ):
                     return
                 name = ds.queue.popleft()
                 if name in ds.policy.opened:
                     continue
+                path = prefix + name
+                if path in self._last_key:  # opened before on this mount: the kernel keeps its pages
+                    continue
                 ds.inflight += 1
-            path = prefix + name
             if self._fresh_meta(path) is not None or not self.pool.submit_prefetch(
                 lambda path=path: self._scan_fetch(dir_path, ds, path)
             ):
@@ -1176,6 +1194,12 @@ class Engine:
                         ds.queue.appendleft(name)
                     self.stats.add(m.BACKPRESSURE)
                     return
+
+    def _scan_size_estimate(self, ds: DirScan) -> int:
+        """Cache capacity a fetch in flight is counted at (the caller holds ``ds.lock``)."""
+        if ds.sized:
+            return ds.sized_bytes // ds.sized
+        return round_up(self.config.readahead.small_file_max)
 
     def _scan_fetch(self, dir_path: str, ds: DirScan, path: str) -> None:
         """Worker: fetch one small file whole and remember its metadata."""
@@ -1215,7 +1239,12 @@ class Engine:
                     if len(self._meta) > MAX_META:
                         self._meta.popitem(last=False)
                 with ds.lock:
-                    ds.ahead += 1
+                    name = path.rsplit("/", 1)[1]
+                    ds.sized += 1
+                    ds.sized_bytes += round_up(src.size)
+                    if name not in ds.ahead and name not in ds.policy.opened:
+                        ds.ahead[name] = round_up(src.size)
+                        ds.ahead_bytes += ds.ahead[name]
             finally:
                 src.close()
         finally:

@@ -801,3 +801,31 @@ def test_small_reads_run_inline_and_an_abandoned_one_counts_as_stuck(data_dir, t
     finally:
         release.set()
         engine.close()
+
+
+def test_shuffled_scan_of_a_directory_larger_than_the_budget_wastes_nothing(tmp_path):
+    """A scan keeps at most half the budget fetched ahead, counted per file it fetched (opens of other
+    files do not make room), so files fetched ahead are read before the cache could evict them."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    size = 256 * 1024
+    data = {f"f{i:03d}": random.Random(i).randbytes(size) for i in range(256)}  # 64 MiB, 4x the budget
+    for name, payload in data.items():
+        (src / "d" / name).write_bytes(payload)
+    engine = make_engine(src, tmp_path, **{"cache.budget": "16M", "readahead.learn": "false"})
+    try:
+        order = sorted(data)
+        random.Random(7).shuffle(order)
+        for name in order:
+            r = engine.open(f"/d/{name}")
+            assert engine.read(r.fh, 0, size) == data[name]
+            engine.release(r.fh)
+            scan = engine._dirs["/d"]
+            assert scan.ahead_bytes <= engine.cache.budget // 2
+        counters = engine.snapshot()["counters"]
+        assert counters["small_file_scan_files"] > 0
+        assert counters["bytes_prefetch_wasted"] == 0
+        fetched = counters["bytes_fetched_demand"] + counters["bytes_fetched_prefetch"]
+        assert fetched <= len(data) * size * 1.01
+    finally:
+        engine.close()
