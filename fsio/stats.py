@@ -47,7 +47,7 @@ LEARNED_WHOLE = "learned_whole_plans"  # format plans released whole at open: th
 OPENS = "opens"  # opens served by the engine (route "served")
 OPENS_PASSTHROUGH = "opens_passthrough"  # opens handed to the kernel as passthrough to the source file
 BYTES_PASSTHROUGH_OPENED = "bytes_passthrough_opened"  # sizes of the files opened by passthrough
-BYTES_PASSTHROUGH_WARMED = "bytes_passthrough_warmed"  # of those, asked into the source's page cache ahead
+BYTES_PASSTHROUGH_WARMED = "bytes_passthrough_warmed"  # page cache filled by warms of passthrough files
 TIMEOUTS = "read_timeouts"
 FAST_FAILS = "reads_failed_fast"  # reads answered EIO at once: earlier reads of the file were stuck
 

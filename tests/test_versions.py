@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SERVED, evict_page_cache, is_mounted, mounted, wait_for
+from conftest import SERVED, is_mounted, mounted, wait_for
 
 PAGE = 4096
 ROUTES = pytest.mark.parametrize("route", ["passthrough", "served"])
@@ -322,22 +322,3 @@ def test_unprivileged_mount_through_fusermount_serves_reads() -> None:
     finally:
         os.chmod("/dev/fuse", device_mode)
         shutil.rmtree(base, ignore_errors=True)
-
-
-def test_passthrough_load_is_read_ahead_into_the_source_page_cache(src: Path, mnt: Path) -> None:
-    from fastfs.fsio.source import cached_share
-
-    arr = np.arange(4 << 20, dtype=np.float64)  # 32 MiB
-    np.save(src / "ckpt.npy", arr)
-    os.sync()  # dirty pages cannot be dropped
-    evict_page_cache(src / "ckpt.npy")
-    with mounted(src, mnt, options=["fuse.passthrough=on"]) as m, open(mnt / "ckpt.npy", "rb") as f:
-        f.read(128)  # the loader has read only its header so far
-        fd = os.open(src / "ckpt.npy", os.O_RDONLY)
-        try:
-            assert wait_for(lambda: cached_share(fd, arr.nbytes) > 0.9, timeout=20), cached_share(fd, arr.nbytes)
-        finally:
-            os.close(fd)
-        assert m.stats()["counters"]["bytes_passthrough_warmed"] >= arr.nbytes - 4096  # the data, not the header
-        f.seek(0)
-        assert np.array_equal(np.load(f), arr)
