@@ -111,7 +111,7 @@ def main() -> int:
         with open(os.path.join(src, big), "wb") as f:
             f.write(os.urandom(64 << 20))
     native = measure(src, names, big, args.runs, direct=False)
-    options = ["fuse.passthrough=off", *args.options] if args.label != "old" else list(args.options)
+    options = list(args.options)
     with fastfs_mount(src, mnt, options) as m:
         with open(os.path.join(mnt, big), "rb") as f:  # into fastfs's RAM cache
             while f.read(1 << 20):

@@ -387,7 +387,9 @@ class KernelOps:
         return None
 
     def flush(self, request: Request, body: memoryview) -> None:
-        return None
+        """Nothing to flush on a read-only mirror: ENOSYS makes the kernel stop sending FLUSH on
+        close for good (opens also say FOPEN_NOFLUSH, but open-less files have no open to say it)."""
+        raise OSError(errno.ENOSYS, "no flush")
 
     # -- directories ----------------------------------------------------------------------------
     def opendir(self, request: Request, body: memoryview) -> bytes:

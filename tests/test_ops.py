@@ -481,3 +481,8 @@ def test_metadata_arguments_give_result_or_errno(served: Served, name: str, pare
     ):
         err, _ = served.call(opcode, payload, parent)
         assert err >= 0
+
+
+def test_flush_is_enosys_so_the_kernel_stops_sending_it(served: Served) -> None:
+    node = served.node("/data.bin")
+    assert served.call(Op.FLUSH, abi.FLUSH_IN.pack(0, 0, 0, 0), node)[0] == errno.ENOSYS

@@ -322,3 +322,23 @@ def test_unprivileged_mount_through_fusermount_serves_reads() -> None:
     finally:
         os.chmod("/dev/fuse", device_mode)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_open_less_rereads_make_no_request(src: Path, mnt: Path) -> None:
+    """fuse.no_open: a hot re-open + read + close of a small file costs no round trip at all (no OPEN,
+    no RELEASE, and no FLUSH, which open-less files cannot refuse at open)."""
+    for i in range(20):
+        (src / f"f{i}").write_bytes(bytes([i]) * 3000)
+    with mounted(src, mnt, options=["no_open"]) as m:
+        for i in range(20):
+            assert (mnt / f"f{i}").read_bytes() == bytes([i]) * 3000
+        before = dict(m.stats()["kernel"]["requests"])
+        for i in range(20):  # os.open, not Python's open(), which asks isatty (an IOCTL request)
+            fd = os.open(mnt / f"f{i}", os.O_RDONLY)
+            try:
+                assert os.read(fd, 4096) == bytes([i]) * 3000
+            finally:
+                os.close(fd)
+        after = m.stats()["kernel"]["requests"]
+        changed = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        assert changed == {"getxattr": 1}, changed  # only the stats query before this one
