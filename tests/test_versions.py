@@ -341,4 +341,4 @@ def test_open_less_rereads_make_no_request(src: Path, mnt: Path) -> None:
                 os.close(fd)
         after = m.stats()["kernel"]["requests"]
         changed = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
-        assert changed == {"getxattr": 1}, changed  # only the stats query before this one
+        assert set(changed) <= {"getxattr"}, changed  # only the stats queries themselves
