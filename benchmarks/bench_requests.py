@@ -30,6 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchkit.mounts import fastfs_mount  # noqa: E402
 
+from fastfs.daemon.control import XATTR_STATS  # noqa: E402
+
 FILES = 2000
 OPENS = 5000
 READS = 5000
@@ -74,7 +76,7 @@ def reads(path: str, count: int, direct: bool) -> None:
 
 def requests(mnt: str) -> dict[str, int]:
     try:
-        return json.loads(os.getxattr(mnt, "user.fastfs.stats")).get("kernel", {}).get("requests", {})
+        return json.loads(os.getxattr(mnt, XATTR_STATS)).get("kernel", {}).get("requests", {})
     except OSError:
         return {}
 

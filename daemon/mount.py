@@ -256,6 +256,17 @@ def force_unmount(mountpoint: str) -> None:
         unmount(mountpoint, lazy=True)
 
 
+def detach_fuse(mountpoint: str) -> None:
+    """Best effort for the FUSE mounts tests and benchmarks make (fastfs, storage emulators, fault
+    injectors): ``fusermount3 -u``, ``fusermount3 -u -z``, ``umount -l`` while *mountpoint* is still a
+    FUSE mount point; never raises, never touches a mount of another kind."""
+    for cmd in (["fusermount3", "-u", "-q"], ["fusermount3", "-u", "-z", "-q"], ["umount", "-l"]):
+        entry = find_mount(mountpoint)
+        if entry is None or not entry.fstype.startswith("fuse"):
+            return
+        run_quiet([*cmd, entry.mountpoint])
+
+
 # -- readiness reporting --------------------------------------------------------------------------
 class Readiness:
     """Reports startup success or failure once, to a pipe (background parent) and to systemd."""

@@ -26,13 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from fastfs.daemon.mount import unescape_field
+from fastfs.daemon.mount import detach_fuse, unescape_field
 
 FASTFS = [sys.executable, "-m", "fastfs"]
 # Seconds a daemon gets to exit after SIGTERM before it is unmounted and killed.
 STOP_TIMEOUT = 20.0
-# Seconds an unmount helper may take.
-UNMOUNT_TIMEOUT = 20.0
 # Seconds between polls while waiting for a mount to come up.
 POLL = 0.05
 # Mount option for tests of the engine's read path over a local (tmpfs) source, which the default
@@ -94,13 +92,8 @@ def is_mounted(path: str | os.PathLike) -> bool:
 
 
 def force_unmount(path: str | os.PathLike) -> None:
-    """``fusermount3 -u``, then ``umount -l``, while *path* is still a FUSE mount point."""
-    target = os.path.realpath(path)
-    for cmd in (["fusermount3", "-u", target], ["fusermount3", "-u", "-z", target], ["umount", "-l", target]):
-        if not is_mounted(target):
-            return
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(cmd, capture_output=True, timeout=UNMOUNT_TIMEOUT, stdin=subprocess.DEVNULL)
+    """Unmount the FUSE mount at *path* while it is one (fusermount3 -u, -u -z, umount -l)."""
+    detach_fuse(os.path.realpath(path))
 
 
 # -- mounting -------------------------------------------------------------------------------------

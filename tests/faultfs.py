@@ -215,12 +215,10 @@ def is_mounted(path: str) -> bool:
 
 
 def force_unmount(path: str) -> None:
-    """Unmount *path* if it is a mount: ``fusermount3 -u``, then a lazy ``umount -l``."""
-    for cmd in (["fusermount3", "-u", "-q", path], ["umount", "-l", path]):
-        if not is_mounted(path):
-            return
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(cmd, capture_output=True, timeout=UMOUNT_TIMEOUT, check=False)
+    """Unmount *path* if it is a FUSE mount (the one helper of fastfs.daemon.mount)."""
+    from fastfs.daemon.mount import detach_fuse
+
+    detach_fuse(path)
 
 
 class FaultFS:

@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fastfs.daemon.control import STATS_RELPATH
+
 from .system import alive, find_daemon_pid, force_unmount, is_mounted, peak_rss
 
 # Seconds allowed for `fastfs mount` / `fastfs umount` to return.
@@ -30,8 +32,8 @@ MOUNT_TIMEOUT = 60.0
 DAEMON_EXIT_TIMEOUT = 30.0
 # Poll interval (s) while waiting for mounts and processes.
 POLL_INTERVAL = 0.05
-# Stats file of a fastfs mount, relative to the mount point.
-STATS_PATH = ".fastfs/stats"
+# Stats file of a fastfs mount, relative to the mount point (the daemon's one definition).
+STATS_PATH = STATS_RELPATH
 
 FASTFS_CLI = [sys.executable, "-m", "fastfs"]
 

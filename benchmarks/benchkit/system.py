@@ -8,18 +8,14 @@ mount's ``finally`` runs when a benchmark is stopped.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
 from typing import Any
 
 from .units import KIB
 
 # Mount points are created under this directory.
 MOUNT_ROOT = "/tmp/fastfs-bench-mnt"
-# Timeout (s) of fusermount3 / umount fallbacks.
-UMOUNT_TIMEOUT = 30.0
 
 
 def drop_caches() -> None:
@@ -37,12 +33,10 @@ def is_mounted(path: str) -> bool:
 
 
 def force_unmount(path: str) -> None:
-    """``fusermount3 -u`` then ``umount -l`` while still mounted; never raises."""
-    for cmd in (["fusermount3", "-u", "-q", path], ["umount", "-l", path]):
-        if not is_mounted(path):
-            return
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(cmd, timeout=UMOUNT_TIMEOUT, capture_output=True, check=False)
+    """Unmount the FUSE mount at *path* while it is one; never raises (fastfs's one helper)."""
+    from fastfs.daemon.mount import detach_fuse
+
+    detach_fuse(path)
 
 
 def mountpoint(name: str) -> str:
