@@ -13,7 +13,8 @@ of the expected offset count as evidence of a sequential pattern; looser joins j
 stream alive. A stream is sequential after
 :data:`SEQ_MIN_HITS` continuing reads covering at least :data:`SEQ_MIN_BYTES`, or at once when it
 starts at offset 0 with a read of at least :data:`ZERO_BET_MIN` (the common "load the whole file"
-case; the kernel makes the same bet; a database's small header read does not). Its prefetch window starts at
+case; the kernel makes the same bet), or after :data:`SEQ_MIN_HITS` reads in a row when it starts at 0 with a
+smaller read (a database reading its header page and then at random makes no bet). Its prefetch window starts at
 ``initial_window`` and doubles, up to ``max_window``, each time the previous plan was scheduled
 whole; a plan cut short by backpressure keeps the window. A read that continues no stream starts a
 new one, replacing the least recently used; losing a sequential stream that way is a reset.
@@ -40,9 +41,9 @@ SEQ_MIN_HITS = 3
 # several contiguous requests (the kernel splits it and reads ahead up to 1 MiB), so a stream has to
 # outgrow what a single application read can span.
 SEQ_MIN_BYTES = 4 * 1024 * 1024
-# A first read from offset 0 at least this large makes the whole-file bet at once (the kernel turns
-# a sequential reader's first read into >= 128 KiB; a database or an index reading its 4 KiB header
-# page comes as 16 KiB and must prove a stream like any other reader).
+# A first read from offset 0 at least this large makes the whole-file bet at once; after a smaller one
+# (a database's or an index's header page, also a loader's first small read) the stream is proven
+# by SEQ_MIN_HITS reads in a row, whatever their size: a database goes on at random instead.
 ZERO_BET_MIN = 64 * 1024
 # Out-of-order tolerance in units of the stream's request size (kernel read-ahead from 10 FUSE threads).
 REORDER_REQUESTS = 16
@@ -92,6 +93,7 @@ class Stream:
     window: int = 0
     prefetched_to: int = 0
     last_use: int = 0
+    from_zero: bool = False  # began with a small read at offset 0: SEQ_MIN_HITS reads prove it, whatever their bytes
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ class StreamPolicy:
                 stream.hits = SEQ_MIN_HITS
                 started = True
             else:
+                stream.from_zero = offset == 0
                 new_random = True
         else:
             # a tight continuation is evidence and may plan more; a looser join only keeps a
@@ -144,7 +147,10 @@ class StreamPolicy:
                 stream.hits += 1
                 stream.covered += end - offset
             stream.request_size = max(stream.request_size, size)
-            if not stream.sequential and stream.hits >= SEQ_MIN_HITS and stream.covered >= SEQ_MIN_BYTES:
+            # from offset 0, the hits alone prove it (a random reader does not continue its first read
+            # twice); elsewhere one large pread split by the kernel must not look sequential
+            proven = stream.hits >= SEQ_MIN_HITS and (stream.covered >= SEQ_MIN_BYTES or stream.from_zero)
+            if not stream.sequential and proven:
                 stream.sequential = True
                 started = True
         stream.last_use = self._clock

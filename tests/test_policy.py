@@ -293,10 +293,19 @@ def test_scan_policy_epoch():
     [(4096, False), (16 * 1024, False), (ZERO_BET_MIN - 1, False), (ZERO_BET_MIN, True), (1 << 20, True)],
 )
 def test_only_a_large_first_read_at_offset_zero_bets_on_the_whole_file(size: int, bet: bool) -> None:
-    """A database reading its header page (16 KiB after the kernel's read-ahead) must not pull the file."""
+    """A database reading its header page (16 KiB after the kernel's read-ahead) and then at random
+    must not pull the file; a reader continuing from a small first read bets at its second read."""
     policy = StreamPolicy(1 << 30, 8 << 20, 64 << 20)
     plan = policy.on_read(0, size)
     assert plan.sequential is bet and bool(plan.prefetch) is bet
+    if not bet:
+        assert not policy.on_read(300 << 20, 4096).prefetch  # random reads after it: no bet
+        assert not policy.on_read(100 << 20, 4096).prefetch
+        continuing = StreamPolicy(1 << 30, 8 << 20, 64 << 20)
+        continuing.on_read(0, size)
+        assert not continuing.on_read(size, 64 * 1024).prefetch  # one continuation proves nothing yet
+        plan = continuing.on_read(size + 64 * 1024, 128 * 1024)
+        assert plan.sequential and plan.started and plan.prefetch
 
 
 def test_tensors_read_whole_out_of_file_order_release_the_whole_plan() -> None:
