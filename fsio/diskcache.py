@@ -198,7 +198,7 @@ class DiskStore:
 
     Thread-safe. ``_lock`` guards the index (``_index`` in LRU order, oldest first, and every
     :class:`Entry` field), the space accounting (``_used``, ``_jbytes``, ``_dir_bytes``, ``_budget``,
-    ``_floor``, ``_avail``, ``_written_since``, ``_pending``, ``_space_due``), ``_queued``, the
+    ``_floor``, ``_avail``, ``_written_since``, ``_pending``, ``_space_due``), ``_queued``, ``_inqueue``, the
     writers' queues, ``_drops``, ``_next_id``/``_id_limit`` and the counters ``_c``; it is never held
     across I/O. ``_jlock`` guards ``_jfd`` and the journal file (appends, compaction, fsync) and is
     taken before ``_lock`` when both are needed. ``_sub_fds`` slots are installed under ``_lock``.
@@ -237,6 +237,7 @@ class DiskStore:
         self._index: OrderedDict[tuple, Entry] = OrderedDict()
         self._drops: list[Entry] = []
         self._queued = 0
+        self._inqueue: set[tuple] = set()  # (key, offset) of the puts queued and not done yet
         self._used = 0  # data bytes charged: held chunks + reservations of writes in flight
         self._inflight = 0  # of which reservations of writes in flight
         self._jbytes = 0  # journal length
@@ -381,8 +382,8 @@ class DiskStore:
 
         True: the store took the pin and calls ``release()`` exactly once, from a writer thread,
         when it no longer reads ``view``. False (queue full: counted as dropped; already held,
-        unaligned, or closing: skipped): ``release`` is not called, the caller keeps its pin.
-        ``offset`` must be a multiple of 64 KiB and the view whole 64 KiB chunks or end at ``size``
+        unaligned, already queued, or closing: skipped): ``release`` is not called, the caller keeps
+        its pin. ``offset`` must be a multiple of 64 KiB and the view whole 64 KiB chunks or end at ``size``
         (engine blocks and whole small files always are).
         """
         n = len(view)
@@ -396,10 +397,14 @@ class DiskStore:
             if entry is not None and (entry.size != size or entry.holds(offset // CHUNK, (end - 1) // CHUNK)):
                 self._c[WRITES_SKIPPED] += 1
                 return False
+            if (key, offset) in self._inqueue:
+                self._c[WRITES_SKIPPED] += 1
+                return False
             if self._queued + n > self.queue_bytes:
                 self._c[WRITES_DROPPED] += 1
                 return False
             self._queued += n
+            self._inqueue.add((key, offset))
             w = self._writers[hash(key) % len(self._writers)]
             w.jobs.append((_PUT, key, size, offset, view, release))
             w.cv.notify()
@@ -413,6 +418,27 @@ class DiskStore:
                 return False
             end = min(offset + length, entry.size)
             return offset >= end or entry.holds(offset // CHUNK, (end - 1) // CHUNK)
+
+    def queued(self, key: tuple, offset: int) -> bool:
+        """Whether a put of ``key`` at ``offset`` is queued or being written now (no I/O)."""
+        with self._lock:
+            return (key, offset) in self._inqueue
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether the write queue has room for ``nbytes`` now (advisory: a put may still be declined)."""
+        return self._queued + nbytes <= self.queue_bytes
+
+    def held_bytes(self, key: tuple) -> int:
+        """Bytes of file version ``key`` the store holds (no I/O, no check)."""
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None or not entry.created or not entry.nheld:
+                return 0
+            held = entry.nheld * CHUNK
+            last = len(entry.held) - 1
+            if entry.held[last]:
+                held -= CHUNK - chunk_len(entry.size, last)
+            return held
 
     def read_into(self, key: tuple, offset: int, view: memoryview) -> int | None:
         """Fill ``view`` with the file's bytes from ``offset`` if held; returns the bytes filled
@@ -568,6 +594,7 @@ class DiskStore:
                     for job in w.jobs:
                         if job[0] == _PUT:
                             self._queued -= len(job[4])
+                            self._inqueue.discard((job[1], job[3]))
                             self._release(job[5])
                     w.jobs.clear()
             for w in self._writers:
@@ -724,6 +751,7 @@ class DiskStore:
                 self._inflight -= reserved
                 self._pending -= spaced
                 self._queued -= n
+                self._inqueue.discard((key, offset))
                 if not done and entry is not None and not entry.created:
                     self._remove_locked(entry)  # never got a data file: leave no empty entry behind
             if not released:

@@ -38,6 +38,12 @@ exception is a file fetched whole by a small-file scan in the last ``attr_timeou
 open and lookups are answered from the metadata the scan fetched, like the kernel's own attribute
 cache, which is what makes a directory scan fast on high-latency storage.
 
+Disk tier (``cache.disk_dir``, :mod:`fastfs.fsio.disktier`). Block fills and scan fetches read
+from the disk tier first when it holds the range (checked there; a failed check falls back to the
+source), and what they fetched from the source is handed to the tier's writer threads (off the read
+path). An open of a file the tier holds complete and has verified goes by passthrough to that disk
+file when the kernel route exists, also for sources that are otherwise served.
+
 Scans. Opens are also fed to a per-directory :class:`ScanPolicy`; when it detects a scan, the
 directory is listed and its remaining small files are fetched whole in the planned order, keeping
 at most :data:`SCAN_LEAD_FILES` ahead of the reader. With learning on, the set of files each
@@ -73,6 +79,7 @@ from fastfs.config.schema import DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_FRACTION, MI
 from fastfs.fsio import formats
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import FAILED, READY, Block, BlockCache, round_up
+from fastfs.fsio.disktier import DiskFill, DiskTier
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED, RangePlan, ScanPolicy, StreamPolicy, choose_route
 from fastfs.fsio.pool import FileGroup, PreadPool
 from fastfs.fsio.source import CACHED_SHARE, DIRECT_ALIGN, Source, SourceFile, cached_share, split, stat_key
@@ -196,6 +203,9 @@ class FileEntry:
     group: FileGroup = field(default_factory=FileGroup)  # this version's jobs in the pool (the pool's lock)
     delivered: int = 0  # bytes delivered, not yet added to the top-files table (guarded by lock)
     direct: int = 0  # bytes read from the source for them outside blocks, likewise
+    dkey: tuple = ()  # key of this version in the disk tier (() without one); set once
+    disk_fd: int = -1  # descriptor of its complete disk-tier file handed to the kernel as the backing
+    # file of passthrough opens (guarded by the engine's lock; closed with the last handle)
 
 
 def _set(event: threading.Event) -> threading.Event:
@@ -237,6 +247,11 @@ class Engine:
         self.stats = stats or m.Stats()
         ra = self.config.readahead
         self.source = Source(source, direct=ra.source_direct_io, streams=ra.source_streams)
+        try:  # the disk tier (cache.disk_dir) first: a directory it refuses fails the start before any thread
+            self.disk = DiskTier.open(self.config, self.source.root, self.source.fs_type)
+        except BaseException:
+            self.source.close()
+            raise
         self.block_size = self.config.cache.block_size
         self.cache = BlockCache(self.config.cache.budget or default_budget(), self.block_size, self.stats)
         self.pool = PreadPool(self.config.cache.workers, file_workers=self.config.cache.file_workers)
@@ -358,13 +373,26 @@ class Engine:
         route = held_route or choose_route(self.config.fuse.passthrough, self.passthrough_available, self.source.local)
         passthrough = route == ROUTE_PASSTHROUGH
         entry = self._acquire_entry(path, expect, need_source=passthrough)
+        on_disk = not held_route and not passthrough and self._disk_backing(entry)
         with self._lock:
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = entry
-            backing_fd = entry.src.fd if passthrough and entry.src is not None else -1
+            on_disk = on_disk or (passthrough and entry.disk_fd >= 0)  # (held: the backing its opens share)
+            backing_fd = -1
+            if on_disk:
+                backing_fd = entry.disk_fd
+            elif passthrough and entry.src is not None:
+                backing_fd = entry.src.fd
+        if on_disk:
+            route = ROUTE_PASSTHROUGH
         self.trace("open %s: %d bytes, %s, %s", path, entry.size, route, "seen before" if cached else "first open")
-        if passthrough:
+        if on_disk:
+            self.stats.add(m.OPENS_DISK)
+            self.stats.add(m.BYTES_DISK_OPENED, entry.size)
+            if self.config.readahead.enabled:
+                self._scan_open(path, entry.size)  # scans and learned sets go on over files read from disk
+        elif passthrough:
             self.stats.add(m.OPENS_PASSTHROUGH)
             self.stats.add(m.BYTES_PASSTHROUGH_OPENED, entry.size)
             if not cached and entry.size >= PASSTHROUGH_WARM_MIN and self.config.readahead.formats:
@@ -390,7 +418,7 @@ class Engine:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                entry = FileEntry(path, key, size, src, st, self._new_policy(size))
+                entry = FileEntry(path, key, size, src, st, self._new_policy(size), dkey=self._disk_key(path, key))
                 self._entries[key] = entry
                 src = None
             if entry.src is None and src is not None:
@@ -407,6 +435,27 @@ class Engine:
             self.cache.invalidate_file(previous)  # the path has a new version: free the old one's blocks
         return entry
 
+    def _disk_key(self, path: str, key: tuple) -> tuple:
+        return self.disk.key(path, key) if self.disk is not None else ()
+
+    def _disk_backing(self, entry: FileEntry) -> bool:
+        """Whether this open of *entry* (otherwise served) goes by passthrough to its complete file in the
+        disk tier, which is then ``entry.disk_fd``: the kernel route must exist and not be turned off.
+        Every such open asks the store again, which re-checks the data file's identity."""
+        if self.disk is None or not entry.dkey or not self.passthrough_available:
+            return False
+        if self.config.fuse.passthrough == "off":
+            return False
+        fd = self.disk.complete_fd(entry.dkey)
+        if fd is None:
+            return False
+        with self._lock:
+            if entry.disk_fd < 0:
+                entry.disk_fd, fd = fd, -1
+        if fd >= 0:
+            os.close(fd)  # the kernel's backing file of this version is the one opened first
+        return True
+
     def _new_policy(self, size: int) -> StreamPolicy:
         ra = self.config.readahead
         return StreamPolicy(size, ra.initial_window, ra.max_window)
@@ -418,11 +467,15 @@ class Engine:
                 return
             entry.handles -= 1
             src = None
+            disk_fd = -1
             last_handle = entry.handles == 0
             if last_handle:
                 if self._entries.get(entry.key) is entry and not entry.stuck:
                     del self._entries[entry.key]  # (kept while reads are stuck: the next open knows)
                 src, entry.src = entry.src, None
+                disk_fd, entry.disk_fd = entry.disk_fd, -1
+        if disk_fd >= 0:
+            os.close(disk_fd)
         if last_handle:
             self._account_file(entry, 0, 0, flush=True)
             self._learn_load(entry)
@@ -831,11 +884,28 @@ class Engine:
         return upto, True
 
     def _start_fill(self, entry: FileEntry, block: Block, start: int, length: int, demand: bool) -> bool:
-        """Queue the fill of a block just reserved (the caller holds its pin) as parallel pieces.
+        """Queue the fill of a block just reserved (the caller holds its pin): from the disk tier when it
+        holds the range (one pool job, which falls back to the source), else from the source.
 
         False when it could not be queued (source unavailable, or prefetch declined: counted as
         backpressure); the block has been failed then.
         """
+        if self.disk is not None and self.disk.holds(entry.dkey, start, length):
+            fill = DiskFill(self, entry, block, start, length, demand)
+            block.job = fill
+            if demand:
+                self.pool.submit_demand(fill)
+                return True
+            if self.pool.submit_prefetch(fill):
+                return True
+            block.job = None
+            self.cache.fail(block, 0)
+            self.stats.add(m.BACKPRESSURE)
+            return False
+        return self._start_source_fill(entry, block, start, length, demand)
+
+    def _start_source_fill(self, entry: FileEntry, block: Block, start: int, length: int, demand: bool) -> bool:
+        """Queue the fill of a block from the source as parallel pieces (see :meth:`_start_fill`)."""
         if entry.stuck:  # no more reads queued behind the stuck ones of this file: a reader goes to
             # _read_direct, which fails fast (or tries the source once per probe period)
             self.cache.fail(block, 0)
@@ -875,7 +945,13 @@ class Engine:
                 return
             self.stats.add(m.BYTES_FETCHED_DEMAND if fill.demand else m.BYTES_FETCHED_PREFETCH, n)
             self.stats.file_bytes(fill.path, fetched=n)
+            entry = fill.entry
+            keep = self.disk is not None and self.disk.keeps(entry.dkey, block, n, length)
+            if keep:
+                self.cache.pin(block)  # the store's pin, taken while the block cannot be evicted yet
             self.cache.complete(block, n)
+            if keep:
+                self.disk.store_block(entry.dkey, entry.size, block, n, self.cache.unpin)
         finally:
             self._put_source(fill.src)
 
@@ -910,6 +986,11 @@ class Engine:
             cached = self._cached_range(entry, offset, length)
             if cached is not None:  # warmed or scanned already: no source read for the probe
                 return cached
+            if self.disk is not None and self.disk.holds(entry.dkey, offset, length):
+                buf = bytearray(max(0, min(length, entry.size - offset)))
+                n = self.disk.read(entry.dkey, offset, memoryview(buf))
+                if n is not None:
+                    return bytes(buf[:n])
             src = self._get_source(entry)
             try:
                 buf = bytearray(max(0, min(length, entry.size - offset)))
@@ -1158,7 +1239,7 @@ class Engine:
                             ds.queue.appendleft(path.rsplit("/", 1)[1])
                         return
                     try:
-                        if created:
+                        if created and not self._scan_from_disk(path, src, block):
                             try:
                                 n = self._timed_pread(src, 0, block.view[: src.size], path)
                             except OSError as e:
@@ -1166,7 +1247,13 @@ class Engine:
                                 return
                             self.stats.add(m.BYTES_FETCHED_PREFETCH, n)
                             self.stats.file_bytes(path, fetched=n)
+                            dkey = self._disk_key(path, src.key)
+                            keep = self.disk is not None and self.disk.keeps(dkey, block, n, src.size)
+                            if keep:
+                                self.cache.pin(block)  # the store's pin (see _complete_fill)
                             self.cache.complete(block, n)
+                            if keep:
+                                self.disk.store_block(dkey, src.size, block, n, self.cache.unpin)
                     finally:
                         self.cache.unpin(block)
                 self.stats.add(m.SCAN_FILES)
@@ -1183,6 +1270,21 @@ class Engine:
             with ds.lock:
                 ds.inflight -= 1
             self._pump(dir_path, ds)
+
+    def _scan_from_disk(self, path: str, src: SourceFile, block: Block) -> bool:
+        """Fill a scan's block of the whole small file from the disk tier; False when it does not hold
+        the file (or a check failed: the caller reads the source)."""
+        if self.disk is None:
+            return False
+        dkey = self._disk_key(path, src.key)
+        if not self.disk.holds(dkey, 0, src.size):
+            return False
+        n = self.disk.read(dkey, 0, block.view[: src.size])
+        if n != src.size:
+            return False
+        self.stats.add(m.BYTES_DISK_PREFETCH, n)
+        self.cache.complete(block, n)
+        return True
 
     # == open-less reads (fuse.no_open) =============================================================
     def _implicit_entry(self, path: str | None, expect: tuple | None = None) -> FileEntry | None:
@@ -1217,12 +1319,13 @@ class Engine:
         return entry
 
     # == for warm jobs and cache reports (fastfs.fsio.warm) ==========================================
-    def warm(self, path: str) -> dict:
-        """Fetch a file or tree into the cache now, with the daemon's own rights; returns the job's
-        final progress (blocks until done). The daemon runs warms as background jobs instead."""
+    def warm(self, path: str, disk: bool = False) -> dict:
+        """Fetch a file or tree into the cache (*disk*: into the disk tier) now, with the daemon's own
+        rights; returns the job's final progress (blocks until done). The daemon runs warms as
+        background jobs instead."""
         from fastfs.fsio.warm import warm_now
 
-        return warm_now(self, path)
+        return warm_now(self, path, disk=disk)
 
     def hold(self, path: str) -> tuple[int, FileEntry]:
         """A handle (and the entry) of the current version of *path*, without what :meth:`open` does
@@ -1345,8 +1448,14 @@ class Engine:
         if self.learn is not None:
             accuracy = self.learn.accuracy()
             gauges.update(learned_planned_files=accuracy["planned"], learned_accuracy=round(accuracy["ratio"], 4))
+        disk_counters: dict[str, int] = {}
+        if self.disk is not None:
+            disk_counters, disk_gauges = self.disk.stats()
+            gauges.update(disk_gauges)
         self.stats.gauges = gauges
-        return self.stats.snapshot(top)
+        snap = self.stats.snapshot(top)
+        snap["counters"].update(disk_counters)
+        return snap
 
     def reconfigure(self, config: Config) -> list[str]:
         """Apply what can change live (budget, read-ahead limits); return keys needing a restart."""
@@ -1360,6 +1469,9 @@ class Engine:
             "readahead.source_streams": (old.readahead.source_streams, config.readahead.source_streams),
             "state.dir": (old.state.dir, config.state.dir),
             "stats.metrics": (old.stats.metrics, config.stats.metrics),
+            "cache.disk_dir": (old.cache.disk_dir, config.cache.disk_dir),
+            "cache.disk_budget": (old.cache.disk_budget, config.cache.disk_budget),
+            "cache.disk_free_floor": (old.cache.disk_free_floor, config.cache.disk_free_floor),
             "source": (old.source, config.source),
             "mountpoint": (old.mountpoint, config.mountpoint),
         }
@@ -1412,6 +1524,11 @@ class Engine:
             if entry.src is not None:
                 self._put_source(entry.src)
                 entry.src = None
+            if entry.disk_fd >= 0:
+                os.close(entry.disk_fd)
+                entry.disk_fd = -1
+        if self.disk is not None:
+            self.disk.close()  # queued writes finish first (the blocks they pin stay valid until then)
         self.cache.close()
         self.source.close()
 
