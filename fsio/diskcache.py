@@ -237,7 +237,7 @@ class DiskStore:
         self._index: OrderedDict[tuple, Entry] = OrderedDict()
         self._drops: list[Entry] = []
         self._queued = 0
-        self._inqueue: set[tuple] = set()  # (key, offset) of the puts queued and not done yet
+        self._inqueue: dict[tuple, set[int]] = {}  # key -> offsets of its puts queued and not done yet
         self._used = 0  # data bytes charged: held chunks + reservations of writes in flight
         self._inflight = 0  # of which reservations of writes in flight
         self._jbytes = 0  # journal length
@@ -397,14 +397,15 @@ class DiskStore:
             if entry is not None and (entry.size != size or entry.holds(offset // CHUNK, (end - 1) // CHUNK)):
                 self._c[WRITES_SKIPPED] += 1
                 return False
-            if (key, offset) in self._inqueue:
+            offsets = self._inqueue.get(key)
+            if offsets is not None and offset in offsets:
                 self._c[WRITES_SKIPPED] += 1
                 return False
             if self._queued + n > self.queue_bytes:
                 self._c[WRITES_DROPPED] += 1
                 return False
             self._queued += n
-            self._inqueue.add((key, offset))
+            self._inqueue.setdefault(key, set()).add(offset)
             w = self._writers[hash(key) % len(self._writers)]
             w.jobs.append((_PUT, key, size, offset, view, release))
             w.cv.notify()
@@ -422,7 +423,12 @@ class DiskStore:
     def queued(self, key: tuple, offset: int) -> bool:
         """Whether a put of ``key`` at ``offset`` is queued or being written now (no I/O)."""
         with self._lock:
-            return (key, offset) in self._inqueue
+            return offset in self._inqueue.get(key, ())
+
+    def pending(self, key: tuple) -> bool:
+        """Whether any put of ``key`` is queued or being written now (no I/O)."""
+        with self._lock:
+            return key in self._inqueue
 
     def has_room(self, nbytes: int) -> bool:
         """Whether the write queue has room for ``nbytes`` now (advisory: a put may still be declined)."""
@@ -594,7 +600,7 @@ class DiskStore:
                     for job in w.jobs:
                         if job[0] == _PUT:
                             self._queued -= len(job[4])
-                            self._inqueue.discard((job[1], job[3]))
+                            self._unqueue_locked(job[1], job[3])
                             self._release(job[5])
                     w.jobs.clear()
             for w in self._writers:
@@ -751,11 +757,18 @@ class DiskStore:
                 self._inflight -= reserved
                 self._pending -= spaced
                 self._queued -= n
-                self._inqueue.discard((key, offset))
+                self._unqueue_locked(key, offset)
                 if not done and entry is not None and not entry.created:
                     self._remove_locked(entry)  # never got a data file: leave no empty entry behind
             if not released:
                 self._release(release)
+
+    def _unqueue_locked(self, key: tuple, offset: int) -> None:
+        offsets = self._inqueue.get(key)
+        if offsets is not None:
+            offsets.discard(offset)
+            if not offsets:
+                del self._inqueue[key]
 
     def _release(self, release: Callable[[], None]) -> None:
         try:

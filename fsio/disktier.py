@@ -64,6 +64,9 @@ STABLE_INODE_TYPES = LOCAL_FS_TYPES | {
 }
 # Seconds a warm filling the disk waits between tries when the write queue is full.
 WARM_QUEUE_POLL = 0.01
+# Share of the RAM budget the write queue may pin at most (1/4): queued blocks stay pinned in RAM until
+# written, so a small RAM budget must keep room for the readers' blocks.
+QUEUE_RAM_SHARE = 4
 
 
 def _id64(text: str) -> int:
@@ -80,8 +83,11 @@ class DiskTier:
         self._keep_ino = source_fs_type in STABLE_INODE_TYPES
 
     @classmethod
-    def open(cls, config: Any, source_root: str, source_fs_type: int, mountpoint: str = "") -> DiskTier | None:
-        """The tier of ``config.cache`` (None when ``cache.disk_dir`` is empty). Raises
+    def open(
+        cls, config: Any, source_root: str, source_fs_type: int, ram_budget: int, mountpoint: str = ""
+    ) -> DiskTier | None:
+        """The tier of ``config.cache`` (None when ``cache.disk_dir`` is empty), its write queue bounded
+        to a share of ``ram_budget`` (:data:`QUEUE_RAM_SHARE`). Raises
         :class:`~fastfs.fsio.diskdir.DiskCacheError` (one line) for a directory inside or around the
         source or the mountpoint, one owned by another user or writable by others, a foreign one, or
         one another process uses."""
@@ -89,8 +95,13 @@ class DiskTier:
         if not cache.disk_dir:
             return None
         diskdir.check_placement(cache.disk_dir, source_root, mountpoint or config.mountpoint)
-        store = DiskStore.from_config(cache)
+        queue = min(diskcache.WRITE_QUEUE_BYTES, max(cache.block_size, ram_budget // QUEUE_RAM_SHARE))
+        store = DiskStore.from_config(cache, queue_bytes=queue)
         return cls(store, source_root, source_fs_type)
+
+    def writing(self) -> bool:
+        """Whether writes are queued (their blocks stay pinned in RAM until written)."""
+        return self.store.stats()[diskcache.QUEUED] > 0
 
     def key(self, path: str, file_key: tuple) -> tuple:
         """Disk key of the version ``file_key`` (the engine's stat_key) of source file ``path``."""

@@ -247,13 +247,14 @@ class Engine:
         self.stats = stats or m.Stats()
         ra = self.config.readahead
         self.source = Source(source, direct=ra.source_direct_io, streams=ra.source_streams)
+        budget = self.config.cache.budget or default_budget()
         try:  # the disk tier (cache.disk_dir) first: a directory it refuses fails the start before any thread
-            self.disk = DiskTier.open(self.config, self.source.root, self.source.fs_type)
+            self.disk = DiskTier.open(self.config, self.source.root, self.source.fs_type, budget)
         except BaseException:
             self.source.close()
             raise
         self.block_size = self.config.cache.block_size
-        self.cache = BlockCache(self.config.cache.budget or default_budget(), self.block_size, self.stats)
+        self.cache = BlockCache(budget, self.block_size, self.stats)
         self.pool = PreadPool(self.config.cache.workers, file_workers=self.config.cache.file_workers)
         self._lock = threading.Lock()
         self._handles: dict[int, FileEntry] = {}

@@ -87,8 +87,9 @@ QUEUE_RETRIES = 100
 # A disk warm waits for the tier's writes and counts what it holds after this many files or bytes.
 DISK_CONFIRM_FILES = 256
 DISK_CONFIRM_BYTES = 32 * 1024 * 1024
-# Seconds a disk warm waits for the tier's writes at each confirmation at most.
+# Seconds a disk warm waits for the tier's writes at each confirmation at most, and polls them.
 DISK_FLUSH_SECONDS = 120.0
+DISK_POLL_SECONDS = 0.002
 # Errors a job keeps for its report, and the length each is cut to (the report fits one xattr).
 MAX_ERRORS = 10
 MAX_ERROR_CHARS = 300
@@ -501,10 +502,12 @@ class WarmJobs:
                 declined = True
                 break
             retries += 1
-            if not drain() and block is None:  # nothing of ours holds the budget: it is full
+            # the disk tier's queued writes pin blocks until written: a disk warm waits for them
+            waits = job.disk and engine.disk.writing()
+            if not drain() and block is None and not waits:  # nothing of ours holds the budget: it is full
                 declined = True
                 break
-            if block is not None:
+            if block is not None or waits:
                 time.sleep(QUEUE_RETRY_SECONDS)
         deadline = time.monotonic() + timeout if timeout else None
         return _FileWarm(path, fh, entry, blocks, deadline, declined)
@@ -560,14 +563,17 @@ class WarmJobs:
                 job.declined += 1
 
     def _confirm_disk(self, job: WarmJob) -> None:
-        """Disk warm: wait for the tier's writes, then count the files written as done in what it holds."""
+        """Disk warm: wait for the tier's writes of the files written, then count them as done in what
+        the tier holds."""
         with job.lock:
             files, job.unconfirmed = job.unconfirmed, []
         if not files:
             return
         store = self.engine.disk.store
-        store.flush(DISK_FLUSH_SECONDS)
+        deadline = time.monotonic() + DISK_FLUSH_SECONDS
         for dkey, size in files:
+            while store.pending(dkey) and time.monotonic() < deadline and not self._stopping():
+                time.sleep(DISK_POLL_SECONDS)
             held = store.held_bytes(dkey)
             with job.lock:
                 job.bytes_done += held

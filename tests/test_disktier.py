@@ -29,7 +29,7 @@ FUSE_SUPER_MAGIC = 0x65735546
 
 def make_engine(src: Path, tmp_path: Path, **overrides: str) -> Engine:
     opts = {
-        "cache.budget": "32M",
+        "cache.budget": "64M",  # (the write queue pins up to a quarter of it: 16 MiB)
         "cache.block_size": "1M",
         "state.dir": str(tmp_path / "state"),
         "cache.disk_dir": str(tmp_path / "disk"),
