@@ -42,7 +42,10 @@ Crash safety (what guards what):
   queues it and returns None (serve through :meth:`read_into` meanwhile), a later call gets the fd.
   After a restart every entry is unverified again, so a crash never leaves a file trusted unread.
   :meth:`read_into` of such a verified entry skips the CRCs when the same ``fstat`` identity check
-  passes (the trust ``complete_fd`` gives FUSE passthrough anyway); otherwise it checks them.
+  passes (the trust ``complete_fd`` gives FUSE passthrough anyway); otherwise it checks them. With
+  ``verify_min``, an entry at least that large is queued for verification as soon as its last
+  chunk is written (its pages are still in the page cache, so the read-back is cheap), so the next
+  open in the same process can pass through at once.
 * Entry ids are never reused (``NEXT`` records reserve them in blocks ahead of use), so a data file
   name always means one entry; data files no live entry names are removed by a sweep at start.
 * A compaction writes ``journal.new``, fsyncs it, renames it over ``journal`` and fsyncs the
@@ -215,6 +218,7 @@ class DiskStore:
         max_entries: int = MAX_ENTRIES,
         queue_bytes: int = WRITE_QUEUE_BYTES,
         writers: int = WRITERS,
+        verify_min: int = 0,
         statvfs: Callable[[int], Any] = os.statvfs,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -228,6 +232,7 @@ class DiskStore:
         self._floor_share = floor_share
         self.max_entries = max(1, max_entries)
         self.queue_bytes = queue_bytes
+        self.verify_min = verify_min  # entries at least this large (> 0) are verified as soon as complete
         self._statvfs = statvfs
         self._clock = clock
         self._lock = threading.Lock()
@@ -511,11 +516,7 @@ class DiskStore:
             if entry is None or not entry.created or not entry.complete:
                 return None
             if entry.verified is None:
-                if not entry.verifying and not self._closing:
-                    entry.verifying = True
-                    w = self._writers[hash(key) % len(self._writers)]
-                    w.jobs.append((_VERIFY, entry))
-                    w.cv.notify()
+                self._queue_verify_locked(entry)
                 return None
             ident = entry.verified
             self._index.move_to_end(key)
@@ -745,6 +746,8 @@ class DiskStore:
                     self._c[WRITES] += 1
                     self._c[BYTES_WRITTEN] += n
                     self._changed = True
+                    if 0 < self.verify_min <= size and entry.complete and entry.verified is None:
+                        self._queue_verify_locked(entry)  # its pages are still in the page cache: cheap now
             done = True
         except OSError as e:
             with self._lock:
@@ -964,6 +967,13 @@ class DiskStore:
             if self._index.get(entry.key) is entry:
                 del self._index[entry.key]
             self._changed = True
+
+    def _queue_verify_locked(self, entry: Entry) -> None:
+        if not entry.verifying and not self._closing:
+            entry.verifying = True
+            w = self._writers[hash(entry.key) % len(self._writers)]
+            w.jobs.append((_VERIFY, entry))
+            w.cv.notify()
 
     def _queue_drop_locked(self, entry: Entry) -> None:
         if entry.created:

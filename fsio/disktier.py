@@ -64,6 +64,10 @@ STABLE_INODE_TYPES = LOCAL_FS_TYPES | {
 }
 # Seconds a warm filling the disk waits between tries when the write queue is full.
 WARM_QUEUE_POLL = 0.01
+# Files at least this large are verified as soon as the tier holds them whole (the read-back finds their
+# pages in the page cache), so the next open in this process goes by passthrough; smaller ones at their
+# first open (verifying costs an fsync each, too many for a directory of small files).
+EAGER_VERIFY_MIN = 8 * 1024 * 1024
 # Share of the RAM budget the write queue may pin at most (1/4): queued blocks stay pinned in RAM until
 # written, so a small RAM budget must keep room for the readers' blocks.
 QUEUE_RAM_SHARE = 4
@@ -96,7 +100,7 @@ class DiskTier:
             return None
         diskdir.check_placement(cache.disk_dir, source_root, mountpoint or config.mountpoint)
         queue = min(diskcache.WRITE_QUEUE_BYTES, max(cache.block_size, ram_budget // QUEUE_RAM_SHARE))
-        store = DiskStore.from_config(cache, queue_bytes=queue)
+        store = DiskStore.from_config(cache, queue_bytes=queue, verify_min=EAGER_VERIFY_MIN)
         return cls(store, source_root, source_fs_type)
 
     def writing(self) -> bool:

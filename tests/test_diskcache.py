@@ -198,6 +198,28 @@ def test_restart_serves_the_same_bytes_and_complete_fd(tmp_path):
         store.close()
 
 
+def test_verify_min_verifies_large_files_as_soon_as_complete(tmp_path):
+    store = open_store(tmp_path / "c", verify_min=2 * MIB)
+    try:
+        large, small = content("large", 5 * MIB + 3), content("small", MIB)
+        lkey, skey = make_key(1, len(large)), make_key(2, len(small))
+        assert store.put(lkey, len(large), 0, memoryview(large)[: 4 * MIB], lambda: None)
+        assert store.flush(30) and store.stats()[diskcache.VERIFIED] == 0  # not complete yet
+        assert store.put(lkey, len(large), 4 * MIB, memoryview(large)[4 * MIB :], lambda: None)
+        put_all(store, skey, small)
+        assert store.flush(30)
+        assert store.stats()[diskcache.VERIFIED] == 1  # the large one, without being asked
+        fd = store.complete_fd(lkey)
+        assert fd is not None
+        try:
+            assert os.pread(fd, len(large), 0) == large
+        finally:
+            os.close(fd)
+        assert store.complete_fd(skey) is None  # below verify_min: verified on first demand
+    finally:
+        store.close()
+
+
 def test_changed_key_misses(tmp_path):
     store = open_store(tmp_path / "c")
     try:

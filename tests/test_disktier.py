@@ -282,13 +282,20 @@ def test_complete_verified_file_opens_by_passthrough_to_the_disk_file(data, tmp_
     try:
         engine.source.local = False  # stand for a network source, which auto serves
         engine.passthrough_available = True
-        assert read_file(engine, "/big") == data["/big"]
+        assert read_file(engine, "/mid") == data["/mid"]
         settle(engine)
-        r = engine.open("/big")  # complete now, not verified yet: served, verification queued
+        r = engine.open("/mid")  # complete now, not verified yet: served, verification queued
         assert r.route == ROUTE_SERVED and r.backing_fd == -1
         engine.release(r.fh)
         settle(engine)
         assert engine.snapshot()["counters"][diskcache.VERIFIED] == 1
+        r = engine.open("/mid")
+        assert r.route == ROUTE_PASSTHROUGH and os.pread(r.backing_fd, MIB + 1, 0) == data["/mid"]
+        engine.release(r.fh)
+        # a large file is verified as soon as it is complete (its pages are hot): its next open passes through
+        assert read_file(engine, "/big") == data["/big"]
+        settle(engine)
+        assert engine.snapshot()["counters"][diskcache.VERIFIED] == 2
         r = engine.open("/big")
         r2 = engine.open("/big", held_route=ROUTE_PASSTHROUGH)  # a second open of the node shares the backing
         assert r.route == ROUTE_PASSTHROUGH and r.backing_fd >= 0 and r2.backing_fd == r.backing_fd
@@ -303,7 +310,7 @@ def test_complete_verified_file_opens_by_passthrough_to_the_disk_file(data, tmp_
         with pytest.raises(OSError):
             os.fstat(fd)  # closed with the last handle
         c = engine.snapshot()["counters"]
-        assert c[m.OPENS_DISK] == 2 and c[m.BYTES_DISK_OPENED] == 2 * len(data["/big"])
+        assert c[m.OPENS_DISK] == 3 and c[m.BYTES_DISK_OPENED] == 2 * len(data["/big"]) + len(data["/mid"])
         assert c[m.OPENS_PASSTHROUGH] == 0
 
         (victim,) = [p for p in _data_files(tmp_path) if p.stat().st_size == len(data["/big"])]
