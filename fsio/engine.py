@@ -374,12 +374,16 @@ class Engine:
         route = held_route or choose_route(self.config.fuse.passthrough, self.passthrough_available, self.source.local)
         passthrough = route == ROUTE_PASSTHROUGH
         entry = self._acquire_entry(path, expect, need_source=passthrough)
-        on_disk = not held_route and not passthrough and self._disk_backing(entry)
+        if held_route == ROUTE_PASSTHROUGH:  # on a source that is served, the inode's opens pass through to disk
+            served = choose_route(self.config.fuse.passthrough, True, self.source.local) == ROUTE_SERVED
+            on_disk = served and self._disk_backing(entry)
+        else:
+            on_disk = not passthrough and self._disk_backing(entry)
         with self._lock:
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = entry
-            on_disk = on_disk or (passthrough and entry.disk_fd >= 0)  # (held: the backing its opens share)
+            on_disk = on_disk or (passthrough and entry.disk_fd >= 0)
             backing_fd = -1
             if on_disk:
                 backing_fd = entry.disk_fd
