@@ -34,15 +34,17 @@ builds the file key (device, inode, size, mtime, ctime); an open for an inode of
 (``expect``) fails with ESTALE. The kernel has one inode per version (the daemon's node table), so
 its page cache of a version is never stale. The route of an open (served through this engine, or
 passthrough to the source file) is chosen here (:func:`~fastfs.fsio.policy.choose_route`). The one
-exception is a file fetched whole by a small-file scan in the last ``attr_timeout`` seconds: its
-open and lookups are answered from the metadata the scan fetched, like the kernel's own attribute
-cache, which is what makes a directory scan fast on high-latency storage.
+exception is a file fetched whole by a small-file scan in the last ``attr_timeout`` seconds (and
+still held in RAM or by the disk tier): its open and lookups are answered from the metadata the
+scan fetched, like the kernel's own attribute cache, which is what makes a directory scan fast on
+high-latency storage.
 
 Disk tier (``cache.disk_dir``, :mod:`fastfs.fsio.disktier`). Block fills and scan fetches read
 from the disk tier first when it holds the range (checked there; a failed check falls back to the
 source), and what they fetched from the source is handed to the tier's writer threads (off the read
-path). An open of a file the tier holds complete and has verified goes by passthrough to that disk
-file when the kernel route exists, also for sources that are otherwise served.
+path). An open of a file (of :data:`DISK_PASSTHROUGH_MIN` or more) the tier holds complete and has
+verified goes by passthrough to that disk file when the kernel route exists, also for sources that
+are otherwise served.
 
 Scans. Opens are also fed to a per-directory :class:`ScanPolicy`; when it detects a scan, the
 directory is listed and its remaining small files are fetched whole in the planned order, keeping
@@ -120,6 +122,10 @@ PASSTHROUGH_WARM_MIN = 8 * 1024 * 1024
 # Bytes per WILLNEED request of that warming: the kernel reads at most max(io_pages, ra_pages) of a
 # request (often 2-4 MiB) and submits it without waiting, so small requests in a row fill the device queue.
 PASSTHROUGH_WARM_CHUNK = 2 * 1024 * 1024
+# Files at least this large open by passthrough to their complete disk-tier file: a smaller one is read in
+# one or two kernel requests, so passthrough saves little next to its lookup and open, while trusting the
+# file first costs an fsync and a read-back of it (served through the engine, it is checked chunk by chunk).
+DISK_PASSTHROUGH_MIN = 1024 * 1024
 # Source lstats in flight at once for one directory listing with attributes (overlaps ~1 ms round trips).
 LSTAT_PARALLEL = 16
 # Small files a scan keeps fetched ahead of the reader (bounds memory of huge directories).
@@ -411,7 +417,7 @@ class Engine:
         """Revalidate the source (close-to-open) and return the shared entry of its version."""
         meta = None if need_source else self._fresh_meta(path)
         src: SourceFile | None = None
-        if meta is not None and self.cache.peek(meta.key, 0) is not None:
+        if meta is not None and (self.cache.peek(meta.key, 0) is not None or self._on_disk(path, meta)):
             key, size, st = meta.key, meta.st.st_size, meta.st
         else:
             src = self.source.open_file(path)
@@ -443,11 +449,16 @@ class Engine:
     def _disk_key(self, path: str, key: tuple) -> tuple:
         return self.disk.key(path, key) if self.disk is not None else ()
 
+    def _on_disk(self, path: str, meta: MetaEntry) -> bool:
+        """Whether the disk tier holds all of the version a scan's metadata describes (its open is then
+        answered from that metadata, as for a file the scan holds in RAM)."""
+        return self.disk is not None and self.disk.holds(self.disk.key(path, meta.key), 0, meta.st.st_size)
+
     def _disk_backing(self, entry: FileEntry) -> bool:
         """Whether this open of *entry* (otherwise served) goes by passthrough to its complete file in the
         disk tier, which is then ``entry.disk_fd``: the kernel route must exist and not be turned off.
         Every such open asks the store again, which re-checks the data file's identity."""
-        if self.disk is None or not entry.dkey or not self.passthrough_available:
+        if self.disk is None or not entry.dkey or not self.passthrough_available or entry.size < DISK_PASSTHROUGH_MIN:
             return False
         if self.config.fuse.passthrough == "off":
             return False

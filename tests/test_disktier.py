@@ -348,6 +348,45 @@ def test_disk_route_needs_the_kernel_route_and_passthrough_not_off(data, tmp_pat
         engine.close()
 
 
+def test_small_files_are_served_never_passed_through(data, tmp_path) -> None:
+    src = tmp_path / "src"
+    engine = make_engine(src, tmp_path, **{"fuse.passthrough": "auto"})
+    try:
+        engine.source.local = False
+        engine.passthrough_available = True
+        for _ in range(3):
+            assert read_file(engine, "/d/s00") == data["/d/s00"]
+            settle(engine)
+            r = engine.open("/d/s00")
+            assert r.route == ROUTE_SERVED
+            engine.release(r.fh)
+        c = engine.snapshot()["counters"]
+        assert c[m.OPENS_DISK] == 0 and c[diskcache.VERIFIED] == 0  # (no fsync and read-back for them either)
+    finally:
+        engine.close()
+
+
+def test_open_of_a_scanned_file_held_on_disk_needs_no_source_round_trip(data, tmp_path, monkeypatch) -> None:
+    src = tmp_path / "src"
+    engine = make_engine(src, tmp_path, **{"readahead.scan_trigger": "2"})
+    try:
+        for name in ("/d/s00", "/d/s01"):
+            read_file(engine, name)
+        scanned = [n for n in data if n.startswith("/d/") and n not in ("/d/s00", "/d/s01")]
+        assert _wait(lambda: engine.snapshot()["counters"][m.SCAN_FILES] >= len(scanned))
+        settle(engine)
+        for name in scanned:  # RAM no longer holds them; the disk tier does, the scan's metadata is fresh
+            engine.cache.invalidate_file(engine.version_key(name))
+        opened: list[str] = []
+        real = engine.source.open_file
+        monkeypatch.setattr(engine.source, "open_file", lambda path: opened.append(path) or real(path))
+        for name in scanned:
+            assert read_file(engine, name) == data[name]
+        assert opened == []
+    finally:
+        engine.close()
+
+
 # -- scans, warms, stats, configuration ------------------------------------------------------------
 def test_scans_fill_from_disk_and_write_what_they_fetch(data, tmp_path, no_source) -> None:
     src = tmp_path / "src"
