@@ -11,11 +11,15 @@ a few calls in its fill, scan, open, warm and stats paths:
   A reader never waits for a disk write; a full write queue drops the write (counted). Head
   windows (negative block indexes, at arbitrary offsets) and short fills (a source that shrank) are
   not written.
+  A small file read whole outside blocks (an exact read) is handed over as a copy
+  (:meth:`DiskTier.store_copy`), since the reader's buffer goes back to the kernel.
 * **Reads** (:class:`DiskFill`): a block fill whose range the store holds (:meth:`DiskStore.holds`,
   no I/O) is queued on the pool at the fill's priority as one job reading from disk into the block
   (each 64 KiB chunk CRC-checked; see the store); when the store no longer holds it or a check
   fails (the entry is then dropped), the same job falls back to the source fill, so a reader never
-  gets a byte of an entry that failed its check. Scans do the same for whole small files.
+  gets a byte of an entry that failed its check. Scans do the same for whole small files, and exact
+  reads outside blocks (random reads, small files read at once) read the tier in the reader's thread
+  before they go to the source.
 * **Opens** (:meth:`DiskTier.complete_fd`): a file the store holds complete and has verified in
   this process is handed to the kernel as the passthrough backing file even when the source itself
   is served (network and FUSE sources), so a later epoch reads at local-disk speed without a READ
@@ -136,6 +140,11 @@ class DiskTier:
         unpin(block)
         return False
 
+    def store_copy(self, dkey: tuple, size: int, view: memoryview) -> bool:
+        """Queue a copy of a whole small file read outside blocks (``view`` is the file's bytes from 0)."""
+        data = memoryview(bytes(view))
+        return self.store.put(dkey, size, 0, data, _nothing)
+
     def ensure(
         self, dkey: tuple, size: int, block: Block, pin: Callable, unpin: Callable, deadline: float | None
     ) -> bool:
@@ -172,6 +181,10 @@ class DiskTier:
 
     def close(self) -> None:
         self.store.close()
+
+
+def _nothing() -> None:
+    pass
 
 
 class DiskFill:

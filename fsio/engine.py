@@ -126,6 +126,9 @@ PASSTHROUGH_WARM_CHUNK = 2 * 1024 * 1024
 # one or two kernel requests, so passthrough saves little next to its lookup and open, while trusting the
 # file first costs an fsync and a read-back of it (served through the engine, it is checked chunk by chunk).
 DISK_PASSTHROUGH_MIN = 1024 * 1024
+# Largest whole file an exact read hands the disk tier as a copy (larger files are read in blocks, which
+# the tier takes without a copy).
+DISK_COPY_MAX = 1024 * 1024
 # Source lstats in flight at once for one directory listing with attributes (overlaps ~1 ms round trips).
 LSTAT_PARALLEL = 16
 # Small files a scan keeps fetched ahead of the reader (bounds memory of huge directories).
@@ -702,7 +705,7 @@ class Engine:
                         self.cache.unpin(block)
                 cached += from_cache
             if n < 0:
-                n = self._read_direct(entry, pos, dest[pos - offset : stop - offset])
+                n = self._read_exact(entry, pos, dest[pos - offset : stop - offset])
                 direct += n
                 if parts is not None and n:
                     parts.views.append(dest[pos - offset : pos - offset + n])
@@ -807,6 +810,22 @@ class Engine:
     def _failed_fast(self, entry: FileEntry) -> None:
         self.stats.add(m.FAST_FAILS)
         raise OSError(errno.EIO, "source reads of this file are stuck", entry.path)
+
+    def _read_exact(self, entry: FileEntry, pos: int, view: memoryview) -> int:
+        """Bytes a read takes outside blocks: from the disk tier when it holds them (checked there), else
+        from the source (:meth:`_read_direct`). A small file read whole from the source this way is
+        also given to the tier, as a copy (the reader's buffer goes back to the kernel)."""
+        disk = self.disk
+        if disk is None or not entry.dkey:
+            return self._read_direct(entry, pos, view)
+        if disk.holds(entry.dkey, pos, len(view)):
+            n = disk.read(entry.dkey, pos, view)
+            if n is not None:
+                return n
+        n = self._read_direct(entry, pos, view)
+        if pos == 0 and n == entry.size and 0 < n <= DISK_COPY_MAX:
+            disk.store_copy(entry.dkey, entry.size, view[:n])
+        return n
 
     def _read_direct(self, entry: FileEntry, pos: int, view: memoryview) -> int:
         """Demand read of exactly ``view`` from the source (no caching), bounded by read_timeout.

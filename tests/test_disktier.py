@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import threading
 import time
 from pathlib import Path
@@ -166,6 +167,40 @@ def test_fill_reads_disk_before_the_source_and_falls_back_for_what_it_lacks(data
         assert block.done.wait(10) and block.errno == errno.EIO and tried
         engine.cache.unpin(block)
         engine.release(fh)
+    finally:
+        engine.close()
+
+
+def test_exact_reads_outside_blocks_use_the_tier(data, tmp_path, no_source) -> None:
+    src = tmp_path / "src"
+    engine = make_engine(src, tmp_path, **{"readahead.enabled": "false"})  # every read exact: no blocks
+    try:
+        assert read_file(engine, "/d/s00") == data["/d/s00"]  # a small file read whole: a copy to the tier
+        r = engine.open("/big")
+        assert engine.read(r.fh, 0, len(data["/big"])) == data["/big"]  # (not a small file: not written)
+        engine.release(r.fh)
+        settle(engine)
+        assert engine.snapshot()["counters"][diskcache.BYTES_WRITTEN] == len(data["/d/s00"])
+    finally:
+        engine.close()
+    engine = make_engine(src, tmp_path)
+    try:
+        assert read_file(engine, "/big") == data["/big"]  # through blocks: written to the tier
+        settle(engine)
+    finally:
+        engine.close()
+    tried = no_source()
+    engine = make_engine(src, tmp_path, **{"readahead.enabled": "false"})
+    try:
+        assert read_file(engine, "/d/s00") == data["/d/s00"]
+        r = engine.open("/big")
+        rng = random.Random(5)
+        for _ in range(200):  # random reads, served exactly, from the tier
+            off = rng.randrange(1, len(data["/big"]) - 5000)
+            n = rng.choice((1, 4096, 5000))
+            assert engine.read(r.fh, off, n) == data["/big"][off : off + n]
+        engine.release(r.fh)
+        assert tried == [] and engine.snapshot()["counters"][m.BYTES_FETCHED_DEMAND] == 0
     finally:
         engine.close()
 
