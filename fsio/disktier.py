@@ -20,11 +20,14 @@ a few calls in its fill, scan, open, warm and stats paths:
   gets a byte of an entry that failed its check. Scans do the same for whole small files, and exact
   reads outside blocks (random reads, small files read at once) read the tier in the reader's thread
   before they go to the source.
-* **Opens** (:meth:`DiskTier.complete_fd`): a file the store holds complete and has verified in
-  this process is handed to the kernel as the passthrough backing file even when the source itself
-  is served (network and FUSE sources), so a later epoch reads at local-disk speed without a READ
-  reaching the daemon. The kernel still checks every access against the node's attributes, which are
-  the source version's (the data file is 0600 and owned by the daemon; only its bytes are used).
+* **Opens** (:meth:`DiskTier.complete_fd`): a file (of the engine's ``DISK_PASSTHROUGH_MIN`` or
+  more: smaller ones are always served) the store holds complete and has verified in this process
+  is handed to the kernel as the passthrough backing file even when the source itself is served
+  (network and FUSE sources), so a later epoch reads at local-disk speed without a READ reaching the
+  daemon. The kernel still checks every access against the node's attributes, which are the source
+  version's (the data file is 0600 and owned by the daemon; only its bytes are used). The open of a
+  file a scan fetched lately is answered from the scan's metadata also when only the tier still
+  holds its data (as when RAM does).
 
 Keys. The engine's RAM key is ``stat_key`` (device, inode, size, mtime_ns, ctime_ns). Device numbers
 of NFS and FUSE sources change across remounts of the source, and FUSE sources without ``use_ino``
