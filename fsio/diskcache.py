@@ -451,6 +451,25 @@ class DiskStore:
                 held -= CHUNK - chunk_len(entry.size, last)
             return held
 
+    def advise(self, key: tuple) -> bool:
+        """Ask the kernel to read the data file of ``key`` into the page cache ahead (``POSIX_FADV_WILLNEED``,
+        no wait, no check: :meth:`read_into` checks when it is read); False when nothing is held."""
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None or not entry.created:
+                return False
+        try:
+            fd = os.open(diskdir.data_name(entry.id), _READ, dir_fd=self._subdir(entry.id, create=False))
+        except OSError:
+            return False
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        return True
+
     def read_into(self, key: tuple, offset: int, view: memoryview) -> int | None:
         """Fill ``view`` with the file's bytes from ``offset`` if held; returns the bytes filled
         (``len(view)``, less at the file's end), or None: not held, or held but failed its check (then

@@ -17,9 +17,10 @@ a few calls in its fill, scan, open, warm and stats paths:
   no I/O) is queued on the pool at the fill's priority as one job reading from disk into the block
   (each 64 KiB chunk CRC-checked; see the store); when the store no longer holds it or a check
   fails (the entry is then dropped), the same job falls back to the source fill, so a reader never
-  gets a byte of an entry that failed its check. Scans do the same for whole small files, and exact
-  reads outside blocks (random reads, small files read at once) read the tier in the reader's thread
-  before they go to the source.
+  gets a byte of an entry that failed its check. Exact reads outside blocks (random reads, small
+  files read at once) read the tier in the reader's thread before they go to the source. A scan's
+  fetch of a small file the tier holds whole keeps only its metadata and asks the data file into the
+  page cache (:meth:`DiskStore.advise`), so a scan runs ahead in metadata without taking RAM.
 * **Opens** (:meth:`DiskTier.complete_fd`): a file (of the engine's ``DISK_PASSTHROUGH_MIN`` or
   more: smaller ones are always served) the store holds complete and has verified in this process
   is handed to the kernel as the passthrough backing file even when the source itself is served

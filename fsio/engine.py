@@ -39,12 +39,13 @@ still held in RAM or by the disk tier): its open and lookups are answered from t
 scan fetched, like the kernel's own attribute cache, which is what makes a directory scan fast on
 high-latency storage.
 
-Disk tier (``cache.disk_dir``, :mod:`fastfs.fsio.disktier`). Block fills and scan fetches read
+Disk tier (``cache.disk_dir``, :mod:`fastfs.fsio.disktier`). Block fills and exact reads read
 from the disk tier first when it holds the range (checked there; a failed check falls back to the
-source), and what they fetched from the source is handed to the tier's writer threads (off the read
-path). An open of a file (of :data:`DISK_PASSTHROUGH_MIN` or more) the tier holds complete and has
-verified goes by passthrough to that disk file when the kernel route exists, also for sources that
-are otherwise served.
+source), and what they and scans fetched from the source is handed to the tier's writer threads (off
+the read path). A scan of a small file the tier holds whole keeps only its metadata (no RAM block)
+and asks its data file into the page cache. An open of a file (of :data:`DISK_PASSTHROUGH_MIN` or
+more) the tier holds complete and has verified goes by passthrough to that disk file when the kernel
+route exists, also for sources that are otherwise served.
 
 Scans. Opens are also fed to a per-directory :class:`ScanPolicy`; when it detects a scan, the
 directory is listed and its remaining small files are fetched whole in the planned order, keeping
@@ -1266,6 +1267,8 @@ class Engine:
             try:
                 if src.size > self.config.readahead.small_file_max:
                     return
+                if self._scan_meta_only(path, src):
+                    return
                 if src.size > 0:
                     block, created = self.cache.reserve(src.key, 0, src.size, prefetched=True)
                     if block is None:
@@ -1274,7 +1277,7 @@ class Engine:
                             ds.queue.appendleft(path.rsplit("/", 1)[1])
                         return
                     try:
-                        if created and not self._scan_from_disk(path, src, block):
+                        if created:
                             try:
                                 n = self._timed_pread(src, 0, block.view[: src.size], path)
                             except OSError as e:
@@ -1306,19 +1309,21 @@ class Engine:
                 ds.inflight -= 1
             self._pump(dir_path, ds)
 
-    def _scan_from_disk(self, path: str, src: SourceFile, block: Block) -> bool:
-        """Fill a scan's block of the whole small file from the disk tier; False when it does not hold
-        the file (or a check failed: the caller reads the source)."""
-        if self.disk is None:
+    def _scan_meta_only(self, path: str, src: SourceFile) -> bool:
+        """A scan's fetch of a small file the disk tier holds whole: only its metadata is kept (the
+        open is answered from it, the read filled from the tier), and its data file is asked into the
+        page cache ahead; it takes no RAM block, so the scan's lead is not bounded by the RAM budget."""
+        if self.disk is None or src.size == 0:
             return False
         dkey = self._disk_key(path, src.key)
-        if not self.disk.holds(dkey, 0, src.size):
+        if not self.disk.holds(dkey, 0, src.size) or not self.disk.store.advise(dkey):
             return False
-        n = self.disk.read(dkey, 0, block.view[: src.size])
-        if n != src.size:
-            return False
-        self.stats.add(m.BYTES_DISK_PREFETCH, n)
-        self.cache.complete(block, n)
+        self.stats.add(m.SCAN_FILES)
+        with self._lock:
+            self._meta[path] = MetaEntry(src.st, src.key, time.monotonic())
+            self._meta.move_to_end(path)
+            if len(self._meta) > MAX_META:
+                self._meta.popitem(last=False)
         return True
 
     # == open-less reads (fuse.no_open) =============================================================

@@ -423,7 +423,7 @@ def test_open_of_a_scanned_file_held_on_disk_needs_no_source_round_trip(data, tm
 
 
 # -- scans, warms, stats, configuration ------------------------------------------------------------
-def test_scans_fill_from_disk_and_write_what_they_fetch(data, tmp_path, no_source) -> None:
+def test_scans_write_what_they_fetch_and_keep_only_metadata_of_what_the_tier_holds(data, tmp_path, no_source) -> None:
     src = tmp_path / "src"
     opts = {"readahead.scan_trigger": "2"}
     engine = make_engine(src, tmp_path, **opts)
@@ -442,10 +442,13 @@ def test_scans_fill_from_disk_and_write_what_they_fetch(data, tmp_path, no_sourc
         for name in ("/d/s00", "/d/s01"):
             assert read_file(engine, name) == data[name]
         assert _wait(lambda: engine.snapshot()["counters"][m.SCAN_FILES] >= len(scanned) - 2)
+        ahead = [n for n in scanned if n not in ("/d/s00", "/d/s01")]
+        assert all(engine.cache.cached_bytes(engine.version_key(n)) == 0 for n in ahead)  # no RAM taken
+        assert all(engine._fresh_meta(n) is not None for n in ahead)
         for name in scanned:
             assert read_file(engine, name) == data[name]
         c = engine.snapshot()["counters"]
-        assert tried == [] and c[m.BYTES_DISK_PREFETCH] > 0
+        assert tried == [] and c[diskcache.HIT_BYTES] >= sum(len(data[n]) for n in scanned)
     finally:
         engine.close()
 
@@ -466,11 +469,11 @@ def test_learned_set_replays_from_disk_after_a_restart(data, tmp_path, no_source
     try:
         assert read_file(engine, names[0]) == data[names[0]]  # the first open replays the learned set
         assert _wait(lambda: engine.snapshot()["counters"][m.SCAN_FILES] >= len(names) - 1)
-        c = engine.snapshot()["counters"]
-        assert c[m.LEARNED_PLANS] == 1 and c[m.BYTES_DISK_PREFETCH] >= sum(len(data[n]) for n in names[1:])
+        assert engine.snapshot()["counters"][m.LEARNED_PLANS] == 1
+        assert all(engine._fresh_meta(n) is not None for n in names[1:])
         for name in names:
             assert read_file(engine, name) == data[name]
-        assert tried == []
+        assert tried == [] and engine.snapshot()["counters"][diskcache.HIT_BYTES] >= sum(len(data[n]) for n in names)
     finally:
         engine.close()
 
