@@ -8,7 +8,7 @@ PIP ?= $(PYTHON) -m pip
 PIP_INSTALL ?= $(PIP) install -q --disable-pip-version-check --root-user-action=ignore --no-warn-script-location
 APT_GET ?= apt-get
 
-.PHONY: system-deps setup demo test lint bench bench-deps bench-local bench-latency bench-formats bench-stats bench-matrix clean
+.PHONY: system-deps setup demo test lint bench bench-deps bench-local bench-latency bench-formats bench-stats bench-disktier bench-matrix clean
 
 # fuse3 ships fusermount3 and libfuse3 (never Debian's "fuse": it conflicts with fuse3);
 # systemd provides systemd-analyze for the unit test.
@@ -30,7 +30,7 @@ lint: setup
 test: lint
 	$(PYTHON) -m pytest -q
 
-bench: bench-local bench-latency bench-formats bench-stats
+bench: bench-local bench-latency bench-formats bench-stats bench-disktier
 
 # Clients of the benchmark matrix: fio, the sqlite3 shell, git (Python's sqlite3 module ships with Python).
 bench-deps: setup
@@ -52,6 +52,9 @@ bench-formats: setup
 
 bench-stats: setup
 	$(PYTHON) benchmarks/bench_stats.py
+
+bench-disktier: setup
+	$(PYTHON) benchmarks/bench_disktier.py
 
 clean:
 	rm -rf build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -13,7 +13,10 @@ A fastfs mount answers a few reserved names besides the source's own files:
     answer at once with ``{"job": ID}``;
   - ``user.fastfs.warm.ID`` on the mount root: progress of warm job ID (only its caller and root);
   - ``user.fastfs.cached`` on a file: how much of it is in the RAM cache now (fetches nothing);
-  - ``user.fastfs.evict`` on a file: drop its cached blocks, answer how many bytes were dropped.
+  - ``user.fastfs.evict`` on a file: drop its cached blocks, answer how many bytes were dropped;
+  - ``user.fastfs.disk.warm``, ``user.fastfs.disk.cached``, ``user.fastfs.disk.evict``: the same three
+    for the disk cache tier (``cache.disk_dir``; ENOTSUP on a mount without one). A disk warm job
+    reports through ``user.fastfs.warm.ID`` like any other.
 
 Every answer is JSON of at most :data:`XATTR_MAX` bytes (the kernel's limit of one xattr value).
 """
@@ -34,6 +37,9 @@ XATTR_WARM = "user.fastfs.warm"
 XATTR_WARM_JOB = XATTR_WARM + "."  # followed by the job id
 XATTR_CACHED = "user.fastfs.cached"
 XATTR_EVICT = "user.fastfs.evict"
+XATTR_DISK_WARM = "user.fastfs.disk.warm"
+XATTR_DISK_CACHED = "user.fastfs.disk.cached"
+XATTR_DISK_EVICT = "user.fastfs.disk.evict"
 
 # Largest value one getxattr can return (the kernel's XATTR_SIZE_MAX): answers are bounded to it.
 XATTR_MAX = 65536

@@ -34,6 +34,9 @@ from fastfs.daemon.control import (
     STATS_DIR,
     STATS_TOP_FILES,
     XATTR_CACHED,
+    XATTR_DISK_CACHED,
+    XATTR_DISK_EVICT,
+    XATTR_DISK_WARM,
     XATTR_EVICT,
     XATTR_MAX,
     XATTR_STATS,
@@ -51,7 +54,7 @@ PENDING_TTL = 30.0
 # Answers kept for retries at most (the oldest are dropped first).
 MAX_PENDING = 1024
 # The control xattr names, for adapters that must tell them from the source's own attributes.
-NAMES = (XATTR_STATS, XATTR_WARM, XATTR_CACHED, XATTR_EVICT)
+NAMES = (XATTR_STATS, XATTR_WARM, XATTR_CACHED, XATTR_EVICT, XATTR_DISK_WARM, XATTR_DISK_CACHED, XATTR_DISK_EVICT)
 
 
 def is_control_xattr(name: str) -> bool:
@@ -115,19 +118,22 @@ class Controller:
             except ValueError:
                 raise OSError(ENOATTR, "no such warm job") from None
             return _json(self.warms.progress(job_id, caller))
-        if name == XATTR_CACHED:
+        if name in (XATTR_CACHED, XATTR_DISK_CACHED):
             self._not_control(path)
-            return _json(self.warms.cached(path, caller))
-        if name in (XATTR_WARM, XATTR_EVICT):
+            cached = self.warms.cached if name == XATTR_CACHED else self.warms.disk_cached
+            return _json(cached(path, caller))
+        if name in (XATTR_WARM, XATTR_EVICT, XATTR_DISK_WARM, XATTR_DISK_EVICT):
             self._not_control(path)
             key = (name, path, caller.uid, pid)
             kept = self._take_pending(key)
             if kept is not None:
                 return kept
-            if name == XATTR_WARM:
-                data = _json({"job": self.warms.start(path, caller).id})
-            else:
+            if name in (XATTR_WARM, XATTR_DISK_WARM):
+                data = _json({"job": self.warms.start(path, caller, disk=name == XATTR_DISK_WARM).id})
+            elif name == XATTR_EVICT:
                 data = _json(self.warms.evict(path, caller))
+            else:
+                data = _json(self.warms.disk_evict(path, caller))
             if size is not None and len(data) > size:
                 self._keep_pending(key, data)
             return data

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from fastfs import __version__
+from fastfs.fsio import diskcache as fdisk
 from fastfs.fsio import stats as fstats
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,20 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ),
     (fstats.TIMEOUTS, "read_timeouts", "Reads that failed because the source did not answer within read_timeout."),
     (fstats.FAST_FAILS, "reads_failed_fast", "Reads failed at once because earlier reads of the file were stuck."),
+    # the disk cache tier (cache.disk_dir): present only on mounts that have one
+    (fdisk.HITS, "disk_hits", "Block fills and scan fetches served from the disk tier."),
+    (fdisk.HIT_BYTES, "disk_hit_bytes", "Bytes read from the disk tier instead of the source."),
+    (fdisk.MISSES, "disk_misses", "Disk tier reads of ranges it did not hold."),
+    (fdisk.WRITES, "disk_writes", "Writes of fetched data to the disk tier."),
+    (fdisk.BYTES_WRITTEN, "disk_written_bytes", "Bytes written to the disk tier."),
+    (fdisk.WRITES_DROPPED, "disk_writes_dropped", "Writes to the disk tier dropped: its write queue was full."),
+    (fdisk.WRITES_NO_ROOM, "disk_writes_no_room", "Writes to the disk tier not made: budget or free-space floor."),
+    (fdisk.WRITE_ERRORS, "disk_write_errors", "Writes to the disk tier that failed with an OS error."),
+    (fdisk.EVICTIONS, "disk_evictions", "Files evicted from the disk tier (LRU, budget, free-space floor)."),
+    (fdisk.EVICTED_BYTES, "disk_evicted_bytes", "Bytes evicted from the disk tier."),
+    (fdisk.CORRUPT, "disk_corrupt_entries", "Disk tier entries dropped because a check failed (never served)."),
+    (fstats.OPENS_DISK, "opens_disk", "Files opened by passthrough to their complete file in the disk tier."),
+    (fstats.BYTES_DISK_OPENED, "disk_opened_bytes", "Sizes of the files opened by passthrough to the disk tier."),
 )
 # Source bytes by why they were read: fastfs_bytes_fetched_total{kind=...}.
 _FETCHED_KINDS: tuple[tuple[str, str], ...] = (
@@ -89,6 +104,11 @@ _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("cache_blocks", "cache_blocks", "Blocks held by the cache."),
     ("open_files", "open_files", "Files currently open through the mount."),
     ("streams", "streams", "Read streams currently tracked by the pattern detector."),
+    (fdisk.USE, "disk_cache_bytes", "Bytes the disk tier uses (data files, journal, directories)."),
+    (fdisk.BUDGET, "disk_cache_budget_bytes", "Byte budget of the disk tier now."),
+    (fdisk.FREE, "disk_free_bytes", "Free bytes of the disk tier's filesystem at its last check."),
+    (fdisk.FLOOR, "disk_free_floor_bytes", "Free bytes of the disk tier's filesystem it never uses."),
+    (fdisk.FILES, "disk_cache_files", "Files (versions) the disk tier holds."),
 )
 _MAPPED_COUNTERS = {c[0] for c in _COUNTERS} | {k for k, _ in _FETCHED_KINDS} | {k for k, _ in _PATTERNS}
 _MAPPED_GAUGES = {g[0] for g in _GAUGES}

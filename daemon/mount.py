@@ -354,11 +354,16 @@ class Daemon:
 
     def _start_engine(self) -> None:
         from fastfs.daemon.ops import KernelOps
+        from fastfs.fsio.diskdir import DiskCacheError, check_placement
         from fastfs.fsio.engine import Engine
 
         try:
+            if self.config.cache.disk_dir:
+                check_placement(self.config.cache.disk_dir, self.source, self.mountpoint)
             self.engine = Engine(self.source, self.config)
             self.ops = KernelOps(self.engine, {"source": self.source, "mountpoint": self.mountpoint})
+        except DiskCacheError as e:  # refused before anything is mounted: one line, exit 1
+            raise MountError(f"cache.disk_dir {e}") from None
         except OSError as e:
             if self.engine is not None:
                 self.engine.close()

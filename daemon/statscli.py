@@ -81,11 +81,34 @@ def summary_line(snap: dict[str, Any]) -> str:
     requested = c.get("bytes_requested", 0)
     hit = d.get("hit_ratio") if requested else None
     amplification = d.get("amplification", 0) if requested else None
+    disk = ""
+    if "disk_cache_budget" in g:
+        disk = (
+            f", disk {human_bytes(g.get('disk_cache_bytes', 0))}/{human_bytes(g.get('disk_cache_budget', 0))}"
+            f" (hits {human_bytes(c.get('disk_hit_bytes', 0))})"
+        )
     return (
         f"requested {human_bytes(requested)}, hit {_pct(hit)}, "
         f"fetched {human_bytes(_fetched(c))} (amplification {_ratio(amplification)}), "
-        f"cache {human_bytes(g.get('cache_bytes', 0))}/{human_bytes(g.get('cache_budget', 0))}, errors {errors}"
+        f"cache {human_bytes(g.get('cache_bytes', 0))}/{human_bytes(g.get('cache_budget', 0))}{disk}, errors {errors}"
     )
+
+
+def _disk_lines(c: dict[str, Any], g: dict[str, Any]) -> list[str]:
+    """The disk tier's lines of the summary (none without a disk tier)."""
+    if "disk_cache_budget" not in g:
+        return []
+    return [
+        f"  disk tier          {human_bytes(g.get('disk_cache_bytes', 0))} of"
+        f" {human_bytes(g.get('disk_cache_budget', 0))} budget ({g.get('disk_cache_files', 0)} files),"
+        f" {human_bytes(g.get('disk_free_bytes', 0))} free (floor {human_bytes(g.get('disk_free_floor', 0))})",
+        f"  disk hits          {human_bytes(c.get('disk_hit_bytes', 0))} in {c.get('disk_hits', 0)} reads,"
+        f" {c.get('opens_disk', 0)} opens by passthrough to disk ({human_bytes(c.get('bytes_disk_opened', 0))})",
+        f"  disk writes        {human_bytes(c.get('disk_bytes_written', 0))} in {c.get('disk_writes', 0)} writes,"
+        f" dropped {c.get('disk_writes_dropped', 0)} (queue full), {c.get('disk_writes_no_room', 0)} (no room),"
+        f" {c.get('disk_write_errors', 0)} errors; {c.get('disk_evictions', 0)} evictions"
+        f" ({human_bytes(c.get('disk_evicted_bytes', 0))}), {c.get('disk_corrupt_dropped', 0)} corrupt entries dropped",
+    ]
 
 
 def format_summary(snap: dict[str, Any]) -> str:
@@ -118,6 +141,7 @@ def format_summary(snap: dict[str, Any]) -> str:
         f"  cache              {human_bytes(g.get('cache_bytes', 0))} of {human_bytes(g.get('cache_budget', 0))}"
         f" budget ({g.get('cache_blocks', 0)} blocks), {g.get('open_files', 0)} open files,"
         f" {c.get('evictions', 0)} evictions",
+        *_disk_lines(c, g),
         f"  backpressure       {c.get('prefetch_declined', 0)} prefetches declined (budget full)",
         f"  patterns           {c.get('sequential_streams', 0)} sequential streams"
         f" ({c.get('sequential_resets', 0)} reset), {c.get('random_streams', 0)} random,"

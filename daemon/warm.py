@@ -4,6 +4,7 @@ cached, or drop it again.
     fastfs warm PATH... [--from-file LIST] [-j N]     # fetch into the cache now
     fastfs warm --check PATH...                        # how much of each PATH is cached (fetches nothing)
     fastfs warm --evict PATH...                        # drop the cached blocks of the files under PATH
+    fastfs warm --disk [--check | --evict] PATH...     # the same for the disk cache tier (cache.disk_dir)
 
 PATHs are files or directories inside fastfs mounts; ``--from-file LIST`` adds one path per line of
 LIST (``-`` reads standard input; empty lines are ignored), so a pipeline can hand over its file
@@ -29,6 +30,11 @@ user may not read it; also when the daemon cannot warm at all. Each reason is on
 bytes the cache holds (``user.fastfs.cached``): one line per PATH, exit 0 only when every file is
 entirely cached. ``--evict`` asks the daemon to drop each file's cached blocks
 (``user.fastfs.evict``). All sizes are in binary units (KiB, MiB, GiB) and rates in MiB/s.
+
+``--disk`` does each of these for the mount's disk cache tier instead of its RAM cache
+(``user.fastfs.disk.warm`` / ``.cached`` / ``.evict``): a warm fetches what the tier does not hold yet
+and waits until the tier has written it, so a later epoch or a remount finds it on local disk;
+exit 0 when every file is then entirely on disk. A mount without a disk tier says so (exit 1).
 """
 
 from __future__ import annotations
@@ -45,7 +51,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from fastfs.daemon.control import CONTROL_NAME, XATTR_CACHED, XATTR_EVICT, XATTR_WARM, warm_job_xattr
+from fastfs.daemon.control import (
+    CONTROL_NAME,
+    XATTR_CACHED,
+    XATTR_DISK_CACHED,
+    XATTR_DISK_EVICT,
+    XATTR_DISK_WARM,
+    XATTR_EVICT,
+    XATTR_WARM,
+    warm_job_xattr,
+)
 
 # Warm jobs run at once by default (the daemon allows 8 per user).
 DEFAULT_JOBS = 4
@@ -91,6 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="report how much of each path is cached; fetch nothing")
     mode.add_argument("--evict", action="store_true", help="drop the cached blocks of the files under each path")
+    parser.add_argument(
+        "--disk", action="store_true", help="the disk cache tier (cache.disk_dir) instead of the RAM cache"
+    )
     parser.add_argument(
         "-j", "--jobs", type=int, default=DEFAULT_JOBS, metavar="N", help=f"requests at once (default {DEFAULT_JOBS})"
     )
@@ -252,9 +270,11 @@ class _Progress:
             self.bar.close()
 
 
-def run_warm(items: list[tuple[str, str]], jobs: int, progress: _Progress | None = None) -> Result:
-    """Warm every (path, root) with up to *jobs* daemon jobs at once; returns the summed reports."""
+def run_warm(items: list[tuple[str, str]], jobs: int, progress: _Progress | None = None, disk: bool = False) -> Result:
+    """Warm every (path, root) with up to *jobs* daemon jobs at once (*disk*: into the disk tier);
+    returns the summed reports."""
     result = Result()
+    start_name = XATTR_DISK_WARM if disk else XATTR_WARM
     queue = list(reversed(items))
     running: list[_Job] = []
     finished: list[dict[str, Any]] = []
@@ -264,7 +284,7 @@ def run_warm(items: list[tuple[str, str]], jobs: int, progress: _Progress | None
         while queue and len(running) < jobs:
             path, root = queue[-1]
             try:
-                answer = _ask(path, XATTR_WARM)
+                answer = _ask(path, start_name)
             except OSError as e:
                 if e.errno in BUSY and running:
                     break  # the daemon's bound: wait for one of ours
@@ -273,7 +293,11 @@ def run_warm(items: list[tuple[str, str]], jobs: int, progress: _Progress | None
                     break
                 queue.pop()
                 if e.errno in UNSUPPORTED:
-                    result.unsupported = f"{path}: the fastfs daemon cannot warm files ({e.strerror})"
+                    result.unsupported = (
+                        f"{path}: this mount has no disk tier (mount it with -o disk_dir=DIR)"
+                        if disk
+                        else f"{path}: the fastfs daemon cannot warm files ({e.strerror})"
+                    )
                     queue.clear()
                     break
                 result.failed += 1
@@ -332,7 +356,8 @@ def run_per_file(items: list[tuple[str, str]], name: str, jobs: int, out: TextIO
     """``--check`` (name: cached) or ``--evict``: one request per file under each path, *jobs* at once;
     for --check one line per path on *out*."""
     result = Result()
-    check = name == XATTR_CACHED
+    check = name in (XATTR_CACHED, XATTR_DISK_CACHED)
+    where = "on disk" if name in (XATTR_DISK_CACHED, XATTR_DISK_EVICT) else "cached"
     with cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="warm") as pool:
         for path, root in items:
             skipped: list[str] = []
@@ -346,6 +371,8 @@ def run_per_file(items: list[tuple[str, str]], name: str, jobs: int, out: TextIO
                 if isinstance(outcome, str):
                     result.failed += 1
                     result.errors.append(f"{file_path}: {outcome}")
+                    if outcome == os.strerror(errno.ENOTSUP) and where == "on disk":
+                        result.unsupported = f"{file_path}: this mount has no disk tier (mount it with -o disk_dir=DIR)"
                     continue
                 sums["files"] += 1
                 sums["size"] += int(outcome.get("size", size))
@@ -360,7 +387,7 @@ def run_per_file(items: list[tuple[str, str]], name: str, jobs: int, out: TextIO
             if check:
                 share = sums["cached"] / sums["size"] if sums["size"] else 1.0
                 print(
-                    f"{path}: {sums['cached_files']} of {len(files)} files cached, {human(sums['cached'])} of"
+                    f"{path}: {sums['cached_files']} of {len(files)} files {where}, {human(sums['cached'])} of"
                     f" {human(sums['size'])} ({100 * share:.1f}%)",
                     file=out,
                 )
@@ -407,29 +434,40 @@ def main(args: argparse.Namespace) -> int:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
     start = time.monotonic()
+    disk = bool(getattr(args, "disk", False))
     if per_file:
         check = bool(getattr(args, "check", False))
-        result = run_per_file(items, XATTR_CACHED if check else XATTR_EVICT, jobs, sys.stdout)
+        names = (XATTR_DISK_CACHED, XATTR_DISK_EVICT) if disk else (XATTR_CACHED, XATTR_EVICT)
+        name = names[0] if check else names[1]
+        result = run_per_file(items, name, jobs, sys.stdout)
+        if result.unsupported:
+            print(f"{PROG}: {result.unsupported}", file=sys.stderr)
+            return 1
         _report_errors(result)
         if check:
             cached_share = result.bytes_done / result.bytes_total if result.bytes_total else 1.0
             print(
-                f"cached: {result.files_done} of {result.files_total} files, {human(result.bytes_done)} of"
-                f" {human(result.bytes_total)} ({100 * cached_share:.1f}%)"
+                f"{'on disk' if disk else 'cached'}: {result.files_done} of {result.files_total} files,"
+                f" {human(result.bytes_done)} of {human(result.bytes_total)} ({100 * cached_share:.1f}%)"
             )
             return 0 if result.complete else 1
-        print(f"evicted {human(result.bytes_done)} from {result.files_done} files")
+        print(f"evicted {human(result.bytes_done)} from {result.files_done} files{' from disk' if disk else ''}")
         return 0 if not (result.failed or result.errors) else 1
     progress = _Progress(sys.stderr.isatty())
     try:
-        result = run_warm(items, jobs, progress)
+        result = run_warm(items, jobs, progress, disk=disk)
     finally:
         progress.close()
     seconds = time.monotonic() - start
     _report_errors(result)
     if result.unsupported:
         print(f"{PROG}: {result.unsupported}", file=sys.stderr)
-    if result.declined:
+    if result.declined and disk:
+        print(
+            f"{PROG}: {result.declined} files only partly on disk: the disk budget or free-space floor left no room",
+            file=sys.stderr,
+        )
+    elif result.declined:
         print(f"{PROG}: {result.declined} files only partly cached: the cache budget is full", file=sys.stderr)
     if result.evicted:
         print(
@@ -450,7 +488,8 @@ def main(args: argparse.Namespace) -> int:
         )
         if n
     )
-    print(f"warmed {cached} files, {human(result.bytes_done)} in {seconds:.2f} s ({rate:.1f} MiB/s){extra}")
+    into = " onto the disk tier" if disk else ""
+    print(f"warmed {cached} files{into}, {human(result.bytes_done)} in {seconds:.2f} s ({rate:.1f} MiB/s){extra}")
     return 0 if result.complete else 1
 
 

@@ -42,7 +42,10 @@ Crash safety (what guards what):
   queues it and returns None (serve through :meth:`read_into` meanwhile), a later call gets the fd.
   After a restart every entry is unverified again, so a crash never leaves a file trusted unread.
   :meth:`read_into` of such a verified entry skips the CRCs when the same ``fstat`` identity check
-  passes (the trust ``complete_fd`` gives FUSE passthrough anyway); otherwise it checks them.
+  passes (the trust ``complete_fd`` gives FUSE passthrough anyway); otherwise it checks them. With
+  ``verify_min``, an entry at least that large is queued for verification as soon as its last
+  chunk is written (its pages are still in the page cache, so the read-back is cheap), so the next
+  open in the same process can pass through at once.
 * Entry ids are never reused (``NEXT`` records reserve them in blocks ahead of use), so a data file
   name always means one entry; data files no live entry names are removed by a sweep at start.
 * A compaction writes ``journal.new``, fsyncs it, renames it over ``journal`` and fsyncs the
@@ -198,7 +201,7 @@ class DiskStore:
 
     Thread-safe. ``_lock`` guards the index (``_index`` in LRU order, oldest first, and every
     :class:`Entry` field), the space accounting (``_used``, ``_jbytes``, ``_dir_bytes``, ``_budget``,
-    ``_floor``, ``_avail``, ``_written_since``, ``_pending``, ``_space_due``), ``_queued``, the
+    ``_floor``, ``_avail``, ``_written_since``, ``_pending``, ``_space_due``), ``_queued``, ``_inqueue``, the
     writers' queues, ``_drops``, ``_next_id``/``_id_limit`` and the counters ``_c``; it is never held
     across I/O. ``_jlock`` guards ``_jfd`` and the journal file (appends, compaction, fsync) and is
     taken before ``_lock`` when both are needed. ``_sub_fds`` slots are installed under ``_lock``.
@@ -215,6 +218,7 @@ class DiskStore:
         max_entries: int = MAX_ENTRIES,
         queue_bytes: int = WRITE_QUEUE_BYTES,
         writers: int = WRITERS,
+        verify_min: int = 0,
         statvfs: Callable[[int], Any] = os.statvfs,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -228,6 +232,7 @@ class DiskStore:
         self._floor_share = floor_share
         self.max_entries = max(1, max_entries)
         self.queue_bytes = queue_bytes
+        self.verify_min = verify_min  # entries at least this large (> 0) are verified as soon as complete
         self._statvfs = statvfs
         self._clock = clock
         self._lock = threading.Lock()
@@ -237,6 +242,7 @@ class DiskStore:
         self._index: OrderedDict[tuple, Entry] = OrderedDict()
         self._drops: list[Entry] = []
         self._queued = 0
+        self._inqueue: dict[tuple, set[int]] = {}  # key -> offsets of its puts queued and not done yet
         self._used = 0  # data bytes charged: held chunks + reservations of writes in flight
         self._inflight = 0  # of which reservations of writes in flight
         self._jbytes = 0  # journal length
@@ -381,8 +387,8 @@ class DiskStore:
 
         True: the store took the pin and calls ``release()`` exactly once, from a writer thread,
         when it no longer reads ``view``. False (queue full: counted as dropped; already held,
-        unaligned, or closing: skipped): ``release`` is not called, the caller keeps its pin.
-        ``offset`` must be a multiple of 64 KiB and the view whole 64 KiB chunks or end at ``size``
+        unaligned, already queued, or closing: skipped): ``release`` is not called, the caller keeps
+        its pin. ``offset`` must be a multiple of 64 KiB and the view whole 64 KiB chunks or end at ``size``
         (engine blocks and whole small files always are).
         """
         n = len(view)
@@ -396,10 +402,15 @@ class DiskStore:
             if entry is not None and (entry.size != size or entry.holds(offset // CHUNK, (end - 1) // CHUNK)):
                 self._c[WRITES_SKIPPED] += 1
                 return False
+            offsets = self._inqueue.get(key)
+            if offsets is not None and offset in offsets:
+                self._c[WRITES_SKIPPED] += 1
+                return False
             if self._queued + n > self.queue_bytes:
                 self._c[WRITES_DROPPED] += 1
                 return False
             self._queued += n
+            self._inqueue.setdefault(key, set()).add(offset)
             w = self._writers[hash(key) % len(self._writers)]
             w.jobs.append((_PUT, key, size, offset, view, release))
             w.cv.notify()
@@ -413,6 +424,51 @@ class DiskStore:
                 return False
             end = min(offset + length, entry.size)
             return offset >= end or entry.holds(offset // CHUNK, (end - 1) // CHUNK)
+
+    def queued(self, key: tuple, offset: int) -> bool:
+        """Whether a put of ``key`` at ``offset`` is queued or being written now (no I/O)."""
+        with self._lock:
+            return offset in self._inqueue.get(key, ())
+
+    def pending(self, key: tuple) -> bool:
+        """Whether any put of ``key`` is queued or being written now (no I/O)."""
+        with self._lock:
+            return key in self._inqueue
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether the write queue has room for ``nbytes`` now (advisory: a put may still be declined)."""
+        return self._queued + nbytes <= self.queue_bytes
+
+    def held_bytes(self, key: tuple) -> int:
+        """Bytes of file version ``key`` the store holds (no I/O, no check)."""
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None or not entry.created or not entry.nheld:
+                return 0
+            held = entry.nheld * CHUNK
+            last = len(entry.held) - 1
+            if entry.held[last]:
+                held -= CHUNK - chunk_len(entry.size, last)
+            return held
+
+    def advise(self, key: tuple) -> bool:
+        """Ask the kernel to read the data file of ``key`` into the page cache ahead (``POSIX_FADV_WILLNEED``,
+        no wait, no check: :meth:`read_into` checks when it is read); False when nothing is held."""
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None or not entry.created:
+                return False
+        try:
+            fd = os.open(diskdir.data_name(entry.id), _READ, dir_fd=self._subdir(entry.id, create=False))
+        except OSError:
+            return False
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        return True
 
     def read_into(self, key: tuple, offset: int, view: memoryview) -> int | None:
         """Fill ``view`` with the file's bytes from ``offset`` if held; returns the bytes filled
@@ -479,11 +535,7 @@ class DiskStore:
             if entry is None or not entry.created or not entry.complete:
                 return None
             if entry.verified is None:
-                if not entry.verifying and not self._closing:
-                    entry.verifying = True
-                    w = self._writers[hash(key) % len(self._writers)]
-                    w.jobs.append((_VERIFY, entry))
-                    w.cv.notify()
+                self._queue_verify_locked(entry)
                 return None
             ident = entry.verified
             self._index.move_to_end(key)
@@ -568,6 +620,7 @@ class DiskStore:
                     for job in w.jobs:
                         if job[0] == _PUT:
                             self._queued -= len(job[4])
+                            self._unqueue_locked(job[1], job[3])
                             self._release(job[5])
                     w.jobs.clear()
             for w in self._writers:
@@ -712,6 +765,8 @@ class DiskStore:
                     self._c[WRITES] += 1
                     self._c[BYTES_WRITTEN] += n
                     self._changed = True
+                    if 0 < self.verify_min <= size and entry.complete and entry.verified is None:
+                        self._queue_verify_locked(entry)  # its pages are still in the page cache: cheap now
             done = True
         except OSError as e:
             with self._lock:
@@ -724,10 +779,18 @@ class DiskStore:
                 self._inflight -= reserved
                 self._pending -= spaced
                 self._queued -= n
+                self._unqueue_locked(key, offset)
                 if not done and entry is not None and not entry.created:
                     self._remove_locked(entry)  # never got a data file: leave no empty entry behind
             if not released:
                 self._release(release)
+
+    def _unqueue_locked(self, key: tuple, offset: int) -> None:
+        offsets = self._inqueue.get(key)
+        if offsets is not None:
+            offsets.discard(offset)
+            if not offsets:
+                del self._inqueue[key]
 
     def _release(self, release: Callable[[], None]) -> None:
         try:
@@ -923,6 +986,13 @@ class DiskStore:
             if self._index.get(entry.key) is entry:
                 del self._index[entry.key]
             self._changed = True
+
+    def _queue_verify_locked(self, entry: Entry) -> None:
+        if not entry.verifying and not self._closing:
+            entry.verifying = True
+            w = self._writers[hash(entry.key) % len(self._writers)]
+            w.jobs.append((_VERIFY, entry))
+            w.cv.notify()
 
     def _queue_drop_locked(self, entry: Entry) -> None:
         if entry.created:

@@ -34,9 +34,18 @@ builds the file key (device, inode, size, mtime, ctime); an open for an inode of
 (``expect``) fails with ESTALE. The kernel has one inode per version (the daemon's node table), so
 its page cache of a version is never stale. The route of an open (served through this engine, or
 passthrough to the source file) is chosen here (:func:`~fastfs.fsio.policy.choose_route`). The one
-exception is a file fetched whole by a small-file scan in the last ``attr_timeout`` seconds: its
-open and lookups are answered from the metadata the scan fetched, like the kernel's own attribute
-cache, which is what makes a directory scan fast on high-latency storage.
+exception is a file fetched whole by a small-file scan in the last ``attr_timeout`` seconds (and
+still held in RAM or by the disk tier): its open and lookups are answered from the metadata the
+scan fetched, like the kernel's own attribute cache, which is what makes a directory scan fast on
+high-latency storage.
+
+Disk tier (``cache.disk_dir``, :mod:`fastfs.fsio.disktier`). Block fills and exact reads read
+from the disk tier first when it holds the range (checked there; a failed check falls back to the
+source), and what they and scans fetched from the source is handed to the tier's writer threads (off
+the read path). A scan of a small file the tier holds whole keeps only its metadata (no RAM block)
+and asks its data file into the page cache. An open of a file (of :data:`DISK_PASSTHROUGH_MIN` or
+more) the tier holds complete and has verified goes by passthrough to that disk file when the kernel
+route exists, also for sources that are otherwise served.
 
 Scans. Opens are also fed to a per-directory :class:`ScanPolicy`; when it detects a scan, the
 directory is listed and its remaining small files are fetched whole in the planned order, keeping
@@ -61,6 +70,7 @@ import functools
 import logging
 import mmap
 import os
+import stat
 import threading
 import time
 from collections import OrderedDict, deque
@@ -73,6 +83,7 @@ from fastfs.config.schema import DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_FRACTION, MI
 from fastfs.fsio import formats
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import FAILED, READY, Block, BlockCache, round_up
+from fastfs.fsio.disktier import DiskFill, DiskTier
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED, RangePlan, ScanPolicy, StreamPolicy, choose_route
 from fastfs.fsio.pool import FileGroup, PreadPool
 from fastfs.fsio.source import DIRECT_ALIGN, Source, SourceFile, cached_share, split, stat_key
@@ -112,6 +123,13 @@ FORMAT_LEAD = 256 * 1024 * 1024
 # so small requests in a row fill the device queue. (Warming at every open was measured and lost:
 # cold np.load of 256 MiB 0.226 s with it, 0.136 s without, native 0.133 s; torch.load no gain.)
 PASSTHROUGH_WARM_CHUNK = 2 * 1024 * 1024
+# Files at least this large open by passthrough to their complete disk-tier file: a smaller one is read in
+# one or two kernel requests, so passthrough saves little next to its lookup and open, while trusting the
+# file first costs an fsync and a read-back of it (served through the engine, it is checked chunk by chunk).
+DISK_PASSTHROUGH_MIN = 1024 * 1024
+# Largest whole file an exact read hands the disk tier as a copy (larger files are read in blocks, which
+# the tier takes without a copy).
+DISK_COPY_MAX = 1024 * 1024
 # Source lstats in flight at once for one directory listing with attributes (overlaps ~1 ms round trips).
 LSTAT_PARALLEL = 16
 # A scan keeps at most 1/SCAN_BUDGET_SHARE (half) of the cache budget fetched ahead of the reader: a data set
@@ -201,6 +219,9 @@ class FileEntry:
     group: FileGroup = field(default_factory=FileGroup)  # this version's jobs in the pool (the pool's lock)
     delivered: int = 0  # bytes delivered, not yet added to the top-files table (guarded by lock)
     direct: int = 0  # bytes read from the source for them outside blocks, likewise
+    dkey: tuple = ()  # key of this version in the disk tier (() without one); set once
+    disk_fd: int = -1  # descriptor of its complete disk-tier file handed to the kernel as the backing
+    # file of passthrough opens (guarded by the engine's lock; closed with the last handle)
 
 
 def _set(event: threading.Event) -> threading.Event:
@@ -245,8 +266,14 @@ class Engine:
         self.stats = stats or m.Stats()
         ra = self.config.readahead
         self.source = Source(source, direct=ra.source_direct_io, streams=ra.source_streams)
+        budget = self.config.cache.budget or default_budget()
+        try:  # the disk tier (cache.disk_dir) first: a directory it refuses fails the start before any thread
+            self.disk = DiskTier.open(self.config, self.source.root, self.source.fs_type, budget)
+        except BaseException:
+            self.source.close()
+            raise
         self.block_size = self.config.cache.block_size
-        self.cache = BlockCache(self.config.cache.budget or default_budget(), self.block_size, self.stats)
+        self.cache = BlockCache(budget, self.block_size, self.stats)
         self.pool = PreadPool(self.config.cache.workers, file_workers=self.config.cache.file_workers)
         self._lock = threading.Lock()
         self._handles: dict[int, FileEntry] = {}
@@ -367,14 +394,31 @@ class Engine:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
         route = held_route or choose_route(self.config.fuse.passthrough, self.passthrough_available, self.source.local)
         passthrough = route == ROUTE_PASSTHROUGH
-        entry = self._acquire_entry(path, expect, need_source=passthrough)
+        entry = self._acquire_entry(path, expect, need_source=passthrough, kernel_cached=cached)
+        if held_route == ROUTE_PASSTHROUGH:  # on a source that is served, the inode's opens pass through to disk
+            served = choose_route(self.config.fuse.passthrough, True, self.source.local) == ROUTE_SERVED
+            on_disk = served and self._disk_backing(entry)
+        else:
+            on_disk = not passthrough and self._disk_backing(entry)
         with self._lock:
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = entry
-            backing_fd = entry.src.fd if passthrough and entry.src is not None else -1
+            on_disk = on_disk or (passthrough and entry.disk_fd >= 0)
+            backing_fd = -1
+            if on_disk:
+                backing_fd = entry.disk_fd
+            elif passthrough and entry.src is not None:
+                backing_fd = entry.src.fd
+        if on_disk:
+            route = ROUTE_PASSTHROUGH
         self.trace("open %s: %d bytes, %s, %s", path, entry.size, route, "seen before" if cached else "first open")
-        if passthrough:
+        if on_disk:
+            self.stats.add(m.OPENS_DISK)
+            self.stats.add(m.BYTES_DISK_OPENED, entry.size)
+            if self.config.readahead.enabled:
+                self._scan_open(path, entry.size)  # scans and learned sets go on over files read from disk
+        elif passthrough:
             self.stats.add(m.OPENS_PASSTHROUGH)
             self.stats.add(m.BYTES_PASSTHROUGH_OPENED, entry.size)
         else:
@@ -382,11 +426,19 @@ class Engine:
             self._after_open(path, entry, probe=not cached)
         return OpenResult(fh, route, backing_fd, entry.key, entry.st)
 
-    def _acquire_entry(self, path: str, expect: tuple | None = None, need_source: bool = False) -> FileEntry:
-        """Revalidate the source (close-to-open) and return the shared entry of its version."""
+    def _acquire_entry(
+        self, path: str, expect: tuple | None = None, need_source: bool = False, kernel_cached: bool = False
+    ) -> FileEntry:
+        """Revalidate the source (close-to-open) and return the shared entry of its version.
+
+        Fresh metadata from a scan answers the open without a source round trip when the data is at
+        hand: in RAM, on the disk tier, or in the kernel's page cache (*kernel_cached*: the inode was
+        opened before)."""
         meta = None if need_source else self._fresh_meta(path)
         src: SourceFile | None = None
-        if meta is not None and self.cache.peek(meta.key, 0) is not None:
+        if meta is not None and (
+            kernel_cached or self.cache.peek(meta.key, 0) is not None or self._on_disk(path, meta)
+        ):
             key, size, st = meta.key, meta.st.st_size, meta.st
         else:
             src = self.source.open_file(path)
@@ -398,7 +450,7 @@ class Engine:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                entry = FileEntry(path, key, size, src, st, self._new_policy(size))
+                entry = FileEntry(path, key, size, src, st, self._new_policy(size), dkey=self._disk_key(path, key))
                 self._entries[key] = entry
                 src = None
             if entry.src is None and src is not None:
@@ -415,6 +467,32 @@ class Engine:
             self.cache.invalidate_file(previous)  # the path has a new version: free the old one's blocks
         return entry
 
+    def _disk_key(self, path: str, key: tuple) -> tuple:
+        return self.disk.key(path, key) if self.disk is not None else ()
+
+    def _on_disk(self, path: str, meta: MetaEntry) -> bool:
+        """Whether the disk tier holds all of the version a scan's metadata describes (its open is then
+        answered from that metadata, as for a file the scan holds in RAM)."""
+        return self.disk is not None and self.disk.holds(self.disk.key(path, meta.key), 0, meta.st.st_size)
+
+    def _disk_backing(self, entry: FileEntry) -> bool:
+        """Whether this open of *entry* (otherwise served) goes by passthrough to its complete file in the
+        disk tier, which is then ``entry.disk_fd``: the kernel route must exist and not be turned off.
+        Every such open asks the store again, which re-checks the data file's identity."""
+        if self.disk is None or not entry.dkey or not self.passthrough_available or entry.size < DISK_PASSTHROUGH_MIN:
+            return False
+        if self.config.fuse.passthrough == "off":
+            return False
+        fd = self.disk.complete_fd(entry.dkey)
+        if fd is None:
+            return False
+        with self._lock:
+            if entry.disk_fd < 0:
+                entry.disk_fd, fd = fd, -1
+        if fd >= 0:
+            os.close(fd)  # the kernel's backing file of this version is the one opened first
+        return True
+
     def _new_policy(self, size: int) -> StreamPolicy:
         ra = self.config.readahead
         return StreamPolicy(size, ra.initial_window, ra.max_window)
@@ -426,11 +504,15 @@ class Engine:
                 return
             entry.handles -= 1
             src = None
+            disk_fd = -1
             last_handle = entry.handles == 0
             if last_handle:
                 if self._entries.get(entry.key) is entry and not entry.stuck:
                     del self._entries[entry.key]  # (kept while reads are stuck: the next open knows)
                 src, entry.src = entry.src, None
+                disk_fd, entry.disk_fd = entry.disk_fd, -1
+        if disk_fd >= 0:
+            os.close(disk_fd)
         if last_handle:
             self._account_file(entry, 0, 0, flush=True)
             self._learn_load(entry)
@@ -641,7 +723,7 @@ class Engine:
                         self.cache.unpin(block)
                 cached += from_cache
             if n < 0:
-                n = self._read_direct(entry, pos, dest[pos - offset : stop - offset])
+                n = self._read_exact(entry, pos, dest[pos - offset : stop - offset])
                 direct += n
                 if parts is not None and n:
                     parts.views.append(dest[pos - offset : pos - offset + n])
@@ -777,6 +859,22 @@ class Engine:
         self.stats.add(m.FAST_FAILS)
         raise OSError(errno.EIO, "source reads of this file are stuck", entry.path)
 
+    def _read_exact(self, entry: FileEntry, pos: int, view: memoryview) -> int:
+        """Bytes a read takes outside blocks: from the disk tier when it holds them (checked there), else
+        from the source (:meth:`_read_direct`). A small file read whole from the source this way is
+        also given to the tier, as a copy (the reader's buffer goes back to the kernel)."""
+        disk = self.disk
+        if disk is None or not entry.dkey:
+            return self._read_direct(entry, pos, view)
+        if disk.holds(entry.dkey, pos, len(view)):
+            n = disk.read(entry.dkey, pos, view)
+            if n is not None:
+                return n
+        n = self._read_direct(entry, pos, view)
+        if pos == 0 and n == entry.size and 0 < n <= DISK_COPY_MAX:
+            disk.store_copy(entry.dkey, entry.size, view[:n])
+        return n
+
     def _read_direct(self, entry: FileEntry, pos: int, view: memoryview) -> int:
         """Demand read of exactly ``view`` from the source (no caching), bounded by read_timeout.
 
@@ -874,11 +972,28 @@ class Engine:
         return upto, True
 
     def _start_fill(self, entry: FileEntry, block: Block, start: int, length: int, demand: bool) -> bool:
-        """Queue the fill of a block just reserved (the caller holds its pin) as parallel pieces.
+        """Queue the fill of a block just reserved (the caller holds its pin): from the disk tier when it
+        holds the range (one pool job, which falls back to the source), else from the source.
 
         False when it could not be queued (source unavailable, or prefetch declined: counted as
         backpressure); the block has been failed then.
         """
+        if self.disk is not None and self.disk.holds(entry.dkey, start, length):
+            fill = DiskFill(self, entry, block, start, length, demand)
+            block.job = fill
+            if demand:
+                self.pool.submit_demand(fill)
+                return True
+            if self.pool.submit_prefetch(fill):
+                return True
+            block.job = None
+            self.cache.fail(block, 0)
+            self.stats.add(m.BACKPRESSURE)
+            return False
+        return self._start_source_fill(entry, block, start, length, demand)
+
+    def _start_source_fill(self, entry: FileEntry, block: Block, start: int, length: int, demand: bool) -> bool:
+        """Queue the fill of a block from the source as parallel pieces (see :meth:`_start_fill`)."""
         if entry.stuck:  # no more reads queued behind the stuck ones of this file: a reader goes to
             # _read_direct, which fails fast (or tries the source once per probe period)
             self.cache.fail(block, 0)
@@ -918,7 +1033,13 @@ class Engine:
                 return
             self.stats.add(m.BYTES_FETCHED_DEMAND if fill.demand else m.BYTES_FETCHED_PREFETCH, n)
             self.stats.file_bytes(fill.path, fetched=n)
+            entry = fill.entry
+            keep = self.disk is not None and self.disk.keeps(entry.dkey, block, n, length)
+            if keep:
+                self.cache.pin(block)  # the store's pin, taken while the block cannot be evicted yet
             self.cache.complete(block, n)
+            if keep:
+                self.disk.store_block(entry.dkey, entry.size, block, n, self.cache.unpin)
         finally:
             self._put_source(fill.src)
 
@@ -953,6 +1074,11 @@ class Engine:
             cached = self._cached_range(entry, offset, length)
             if cached is not None:  # warmed or scanned already: no source read for the probe
                 return cached
+            if self.disk is not None and self.disk.holds(entry.dkey, offset, length):
+                buf = bytearray(max(0, min(length, entry.size - offset)))
+                n = self.disk.read(entry.dkey, offset, memoryview(buf))
+                if n is not None:
+                    return bytes(buf[:n])
             src = self._get_source(entry)
             try:
                 buf = bytearray(max(0, min(length, entry.size - offset)))
@@ -1141,11 +1267,12 @@ class Engine:
                 if name in ds.policy.opened:
                     continue
                 path = prefix + name
-                if path in self._last_key:  # opened before on this mount: the kernel keeps its pages
-                    continue
+                # opened before on this mount: the kernel keeps its pages, only the metadata is
+                # fetched (its next open is answered from it, without a source round trip)
+                fetch = self._scan_stat if path in self._last_key else self._scan_fetch
                 ds.inflight += 1
             if self._fresh_meta(path) is not None or not self.pool.submit_prefetch(
-                lambda path=path: self._scan_fetch(dir_path, ds, path)
+                lambda path=path, fetch=fetch: fetch(dir_path, ds, path)
             ):
                 with ds.lock:
                     ds.inflight -= 1
@@ -1173,6 +1300,8 @@ class Engine:
             try:
                 if src.size > self.config.readahead.small_file_max:
                     return
+                if self._scan_meta_only(path, src):
+                    return
                 if src.size > 0:
                     block, created = self.cache.reserve(src.key, 0, src.size, prefetched=True)
                     if block is None:
@@ -1189,15 +1318,17 @@ class Engine:
                                 return
                             self.stats.add(m.BYTES_FETCHED_PREFETCH, n)
                             self.stats.file_bytes(path, fetched=n)
+                            dkey = self._disk_key(path, src.key)
+                            keep = self.disk is not None and self.disk.keeps(dkey, block, n, src.size)
+                            if keep:
+                                self.cache.pin(block)  # the store's pin (see _complete_fill)
                             self.cache.complete(block, n)
+                            if keep:
+                                self.disk.store_block(dkey, src.size, block, n, self.cache.unpin)
                     finally:
                         self.cache.unpin(block)
                 self.stats.add(m.SCAN_FILES)
-                with self._lock:
-                    self._meta[path] = MetaEntry(src.st, src.key, time.monotonic())
-                    self._meta.move_to_end(path)
-                    if len(self._meta) > MAX_META:
-                        self._meta.popitem(last=False)
+                self._remember_meta(path, src.st, src.key)
                 with ds.lock:
                     name = path.rsplit("/", 1)[1]
                     ds.sized += 1
@@ -1211,6 +1342,43 @@ class Engine:
             with ds.lock:
                 ds.inflight -= 1
             self._pump(dir_path, ds)
+
+    def _scan_stat(self, dir_path: str, ds: DirScan, path: str) -> None:
+        """Worker: the metadata of a small file the kernel holds the pages of (opened before on this
+        mount), so a scan's next open of it needs no source round trip either; no data is fetched."""
+        try:
+            if self._closed:
+                return
+            try:
+                st = self.source.lstat(path)
+            except OSError:
+                return
+            if stat.S_ISREG(st.st_mode) and st.st_size <= self.config.readahead.small_file_max:
+                self._remember_meta(path, st, stat_key(st))
+        finally:
+            with ds.lock:
+                ds.inflight -= 1
+            self._pump(dir_path, ds)
+
+    def _remember_meta(self, path: str, st: os.stat_result, key: tuple) -> None:
+        with self._lock:
+            self._meta[path] = MetaEntry(st, key, time.monotonic())
+            self._meta.move_to_end(path)
+            if len(self._meta) > MAX_META:
+                self._meta.popitem(last=False)
+
+    def _scan_meta_only(self, path: str, src: SourceFile) -> bool:
+        """A scan's fetch of a small file the disk tier holds whole: only its metadata is kept (the
+        open is answered from it, the read filled from the tier), and its data file is asked into the
+        page cache ahead; it takes no RAM block, so the scan's lead is not bounded by the RAM budget."""
+        if self.disk is None or src.size == 0:
+            return False
+        dkey = self._disk_key(path, src.key)
+        if not self.disk.holds(dkey, 0, src.size) or not self.disk.store.advise(dkey):
+            return False
+        self.stats.add(m.SCAN_FILES)
+        self._remember_meta(path, src.st, src.key)
+        return True
 
     # == open-less reads (fuse.no_open) =============================================================
     def _implicit_entry(self, path: str | None, expect: tuple | None = None) -> FileEntry | None:
@@ -1245,12 +1413,13 @@ class Engine:
         return entry
 
     # == for warm jobs and cache reports (fastfs.fsio.warm) ==========================================
-    def warm(self, path: str) -> dict:
-        """Fetch a file or tree into the cache now, with the daemon's own rights; returns the job's
-        final progress (blocks until done). The daemon runs warms as background jobs instead."""
+    def warm(self, path: str, disk: bool = False) -> dict:
+        """Fetch a file or tree into the cache (*disk*: into the disk tier) now, with the daemon's own
+        rights; returns the job's final progress (blocks until done). The daemon runs warms as
+        background jobs instead."""
         from fastfs.fsio.warm import warm_now
 
-        return warm_now(self, path)
+        return warm_now(self, path, disk=disk)
 
     def hold(self, path: str) -> tuple[int, FileEntry]:
         """A handle (and the entry) of the current version of *path*, without what :meth:`open` does
@@ -1373,8 +1542,14 @@ class Engine:
         if self.learn is not None:
             accuracy = self.learn.accuracy()
             gauges.update(learned_planned_files=accuracy["planned"], learned_accuracy=round(accuracy["ratio"], 4))
+        disk_counters: dict[str, int] = {}
+        if self.disk is not None:
+            disk_counters, disk_gauges = self.disk.stats()
+            gauges.update(disk_gauges)
         self.stats.gauges = gauges
-        return self.stats.snapshot(top)
+        snap = self.stats.snapshot(top)
+        snap["counters"].update(disk_counters)
+        return snap
 
     def reconfigure(self, config: Config) -> list[str]:
         """Apply what can change live (budget, read-ahead limits); return keys needing a restart."""
@@ -1388,6 +1563,9 @@ class Engine:
             "readahead.source_streams": (old.readahead.source_streams, config.readahead.source_streams),
             "state.dir": (old.state.dir, config.state.dir),
             "stats.metrics": (old.stats.metrics, config.stats.metrics),
+            "cache.disk_dir": (old.cache.disk_dir, config.cache.disk_dir),
+            "cache.disk_budget": (old.cache.disk_budget, config.cache.disk_budget),
+            "cache.disk_free_floor": (old.cache.disk_free_floor, config.cache.disk_free_floor),
             "source": (old.source, config.source),
             "mountpoint": (old.mountpoint, config.mountpoint),
         }
@@ -1440,6 +1618,11 @@ class Engine:
             if entry.src is not None:
                 self._put_source(entry.src)
                 entry.src = None
+            if entry.disk_fd >= 0:
+                os.close(entry.disk_fd)
+                entry.disk_fd = -1
+        if self.disk is not None:
+            self.disk.close()  # queued writes finish first (the blocks they pin stay valid until then)
         self.cache.close()
         self.source.close()
 

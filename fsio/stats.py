@@ -28,6 +28,7 @@ BYTES_FETCHED_DEMAND = "bytes_fetched_demand"  # read from the source because a 
 BYTES_FETCHED_PREFETCH = "bytes_fetched_prefetch"  # read from the source ahead of any reader
 BYTES_PREFETCH_USED = "bytes_prefetch_used"  # prefetched bytes later delivered to a reader
 BYTES_PREFETCH_WASTED = "bytes_prefetch_wasted"  # prefetched bytes evicted or invalidated before any use
+BYTES_DISK_PREFETCH = "bytes_disk_prefetch"  # read ahead of any reader from the disk tier instead of the source
 # Event counters.
 READ_REQUESTS = "read_requests"
 PREADS = "preads"
@@ -48,6 +49,8 @@ OPENS = "opens"  # opens served by the engine (route "served")
 OPENS_PASSTHROUGH = "opens_passthrough"  # opens handed to the kernel as passthrough to the source file
 BYTES_PASSTHROUGH_OPENED = "bytes_passthrough_opened"  # sizes of the files opened by passthrough
 BYTES_PASSTHROUGH_WARMED = "bytes_passthrough_warmed"  # page cache filled by warms of passthrough files
+OPENS_DISK = "opens_disk"  # opens handed to the kernel as passthrough to a complete file of the disk tier
+BYTES_DISK_OPENED = "bytes_disk_opened"  # sizes of the files opened that way
 TIMEOUTS = "read_timeouts"
 FAST_FAILS = "reads_failed_fast"  # reads answered EIO at once: earlier reads of the file were stuck
 
@@ -58,6 +61,7 @@ COUNTERS = (
     BYTES_FETCHED_PREFETCH,
     BYTES_PREFETCH_USED,
     BYTES_PREFETCH_WASTED,
+    BYTES_DISK_PREFETCH,
     READ_REQUESTS,
     PREADS,
     PREAD_ERRORS,
@@ -77,6 +81,8 @@ COUNTERS = (
     OPENS_PASSTHROUGH,
     BYTES_PASSTHROUGH_OPENED,
     BYTES_PASSTHROUGH_WARMED,
+    OPENS_DISK,
+    BYTES_DISK_OPENED,
     TIMEOUTS,
     FAST_FAILS,
 )
@@ -189,7 +195,7 @@ class Stats:
             files = sorted(self._files.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
         requested = c[BYTES_REQUESTED]
         fetched = c[BYTES_FETCHED_DEMAND] + c[BYTES_FETCHED_PREFETCH]
-        prefetched = c[BYTES_FETCHED_PREFETCH]
+        prefetched = c[BYTES_FETCHED_PREFETCH] + c[BYTES_DISK_PREFETCH]  # read ahead, from the source or disk
         lat_counts = [int(c[k]) for k in _LAT_KEYS]
         return {
             "version": 1,

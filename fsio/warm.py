@@ -31,8 +31,18 @@ cache, so a warm asks each file into the source's page cache instead (``POSIX_FA
 device reads it in parallel, the job does not wait), and ``cached``/``evict`` report and drop the
 source's page cache (cachestat, ``POSIX_FADV_DONTNEED``).
 
+Disk warms (``fastfs warm --disk``, a job started with ``disk=True``) fill the disk cache tier
+(``cache.disk_dir``) instead: blocks the tier already holds are not fetched at all, the others are
+fetched through the RAM cache as usual and each one is then seen to be on disk or in its write
+queue (waiting for room in the queue: a warm may wait for the disk, a reader never does). Every
+:data:`DISK_CONFIRM_FILES` files (or :data:`DISK_CONFIRM_BYTES`) and at the end, the job waits for
+the tier's writes and counts a file done in bytes only for what the tier then holds; a file it does
+not hold whole (the disk budget or free-space floor left no room) is ``declined``. RAM evictions do
+not count against a disk warm. Such a warm runs the same way on a passthrough mount.
+
 Also here: :meth:`WarmJobs.cached` (how much of a file is in the cache, fetching nothing) and
-:meth:`WarmJobs.evict` (drop a file's cached blocks), with the same permission checks.
+:meth:`WarmJobs.evict` (drop a file's cached blocks), with the same permission checks, and their
+disk-tier forms :meth:`WarmJobs.disk_cached` and :meth:`WarmJobs.disk_evict`.
 
 Concurrency: ``WarmJobs._cond`` (a condition on its lock) guards the job table, the callers' queues
 and ``_closed``; each job's counters are guarded by the job's own lock. No lock is held across I/O
@@ -74,6 +84,12 @@ WALK_STEP = 256
 # Seconds to wait, and how many times, for room in the prefetch queue before a file counts as declined.
 QUEUE_RETRY_SECONDS = 0.05
 QUEUE_RETRIES = 100
+# A disk warm waits for the tier's writes and counts what it holds after this many files or bytes.
+DISK_CONFIRM_FILES = 256
+DISK_CONFIRM_BYTES = 32 * 1024 * 1024
+# Seconds a disk warm waits for the tier's writes at each confirmation at most, and polls them.
+DISK_FLUSH_SECONDS = 120.0
+DISK_POLL_SECONDS = 0.002
 # Errors a job keeps for its report, and the length each is cut to (the report fits one xattr).
 MAX_ERRORS = 10
 MAX_ERROR_CHARS = 300
@@ -82,11 +98,13 @@ MAX_ERROR_CHARS = 300
 class WarmJob:
     """One warm of one path for one caller; its counters are guarded by ``lock``."""
 
-    def __init__(self, job_id: int, path: str, caller: Caller, st: os.stat_result) -> None:
+    def __init__(self, job_id: int, path: str, caller: Caller, st: os.stat_result, disk: bool = False) -> None:
         self.id = job_id
         self.path = path
         self.caller = caller
         self.st = st
+        self.disk = disk  # fill the disk tier (fastfs warm --disk)
+        self.unconfirmed: list[tuple[tuple, int]] = []  # disk warm: (disk key, size) of files written, not yet counted
         self.lock = threading.Lock()
         self.state = "queued"
         self.listed = False
@@ -133,6 +151,7 @@ class WarmJob:
                 "failed": self.failed,
                 "skipped": self.skipped,
                 "evicted": self.evicted_bytes,
+                "disk": self.disk,
                 "errors": list(self.errors),
                 "seconds": round(end - (self.started or end), 3),
             }
@@ -174,9 +193,12 @@ class WarmJobs:
         self._closed = False
 
     # -- requests ---------------------------------------------------------------------------------
-    def start(self, path: str, caller: Caller) -> WarmJob:
-        """Queue a warm of *path* as *caller*; returns the job at once. OSError: ENOENT, EACCES (the
-        caller could not open or list it), ENOTSUP (neither file nor directory), EAGAIN (too many jobs)."""
+    def start(self, path: str, caller: Caller, disk: bool = False) -> WarmJob:
+        """Queue a warm of *path* as *caller* (*disk*: into the disk tier); returns the job at once.
+        OSError: ENOENT, EACCES (the caller could not open or list it), ENOTSUP (neither file nor
+        directory, or *disk* on a mount without a disk tier), EAGAIN (too many jobs)."""
+        if disk:
+            self._tier(path)
         st = self._target(path, caller)
         with self._cond:
             if self._closed:
@@ -187,7 +209,7 @@ class WarmJobs:
             if mine >= self.per_caller or len(active) >= self.total:
                 limit = f"{self.per_caller} per user" if mine >= self.per_caller else f"{self.total} in all"
                 raise OSError(errno.EAGAIN, f"too many warm jobs ({limit}); try again later", path)
-            job = WarmJob(self._next_id, path, caller, st)
+            job = WarmJob(self._next_id, path, caller, st, disk)
             self._next_id += 1
             self._jobs[job.id] = job
             self._queues.setdefault(caller.uid, deque()).append(job)
@@ -224,6 +246,27 @@ class WarmJobs:
         before = cache.cached_bytes(key)
         cache.invalidate_file(key)
         return {"size": st.st_size, "evicted": max(0, before - cache.cached_bytes(key))}
+
+    def disk_cached(self, path: str, caller: Caller) -> dict[str, int]:
+        """``{"size", "cached"}``: bytes of the current version of file *path* the disk tier holds."""
+        tier = self._tier(path)
+        st = self._file(path, caller)
+        return {"size": st.st_size, "cached": tier.store.held_bytes(tier.key(path, stat_key(st)))}
+
+    def disk_evict(self, path: str, caller: Caller) -> dict[str, int]:
+        """Drop file *path*'s entry from the disk tier; ``{"size", "evicted"}`` (bytes it held)."""
+        tier = self._tier(path)
+        st = self._file(path, caller)
+        key = tier.key(path, stat_key(st))
+        held = tier.store.held_bytes(key)
+        tier.store.discard(key)
+        return {"size": st.st_size, "evicted": held}
+
+    def _tier(self, path: str) -> Any:
+        tier = getattr(self.engine, "disk", None)
+        if tier is None:
+            raise OSError(errno.ENOTSUP, "this mount has no disk tier (cache.disk_dir)", path)
+        return tier
 
     def close(self) -> None:
         """Stop: queued jobs are dropped, running ones end after their current files."""
@@ -365,6 +408,8 @@ class WarmJobs:
         finally:
             while inflight:
                 self._finish(job, inflight.popleft())
+            if job.disk:
+                self._confirm_disk(job)
             with job.lock:
                 job.state, job.finished = "done", time.monotonic()
 
@@ -413,7 +458,7 @@ class WarmJobs:
         """Hold the file and queue the fills of its blocks; None when it failed at once (or when the
         mount passes files through: then the source's page cache is asked for the file instead)."""
         engine = self.engine
-        if engine.passes_through():
+        if engine.passes_through() and not job.disk:
             try:
                 asked = engine.page_cache_warm(path)
             except OSError as e:
@@ -441,7 +486,11 @@ class WarmJobs:
         declined = False
         nblocks = -(-entry.size // engine.block_size)
         index = retries = 0
+        bs = engine.block_size
         while index < nblocks:
+            if job.disk and engine.disk.holds(entry.dkey, index * bs, min(bs, entry.size - index * bs)):
+                index += 1  # on disk already: nothing to fetch (counted when the job confirms the file)
+                continue
             block = engine.warm_block(entry, index)
             if block is not None and (block.state != FAILED or block.errno):
                 blocks.append(block)
@@ -453,10 +502,12 @@ class WarmJobs:
                 declined = True
                 break
             retries += 1
-            if not drain() and block is None:  # nothing of ours holds the budget: it is full
+            # the disk tier's queued writes pin blocks until written: a disk warm waits for them
+            waits = job.disk and engine.disk.writing()
+            if not drain() and block is None and not waits:  # nothing of ours holds the budget: it is full
                 declined = True
                 break
-            if block is not None:
+            if block is not None or waits:
                 time.sleep(QUEUE_RETRY_SECONDS)
         deadline = time.monotonic() + timeout if timeout else None
         return _FileWarm(path, fh, entry, blocks, deadline, declined)
@@ -466,6 +517,7 @@ class WarmJobs:
         engine = self.engine
         got = 0
         why = ""
+        queued = True
         try:
             for block in fw.blocks:
                 if why:
@@ -474,6 +526,10 @@ class WarmJobs:
                 if not block.done.wait(remaining):
                     engine.abandon_block(fw.entry, block)
                     why = "source read timed out"
+                elif block.state == READY and job.disk:
+                    cache, entry = engine.cache, fw.entry
+                    on_disk = engine.disk.ensure(entry.dkey, entry.size, block, cache.pin, cache.unpin, fw.deadline)
+                    queued = queued and on_disk
                 elif block.state == READY:
                     got += block.length
                     block.owner = job
@@ -485,16 +541,54 @@ class WarmJobs:
             engine.release(fw.fh)
         if why:
             job.error(fw.path, why)
+        if job.disk:
+            with job.lock:
+                job.files_done += 1
+                if why:
+                    return
+                if fw.declined or not queued:
+                    job.declined += 1
+                    return
+                job.unconfirmed.append((fw.entry.dkey, fw.entry.size))
+                due = len(job.unconfirmed) >= DISK_CONFIRM_FILES or (
+                    sum(size for _, size in job.unconfirmed) >= DISK_CONFIRM_BYTES
+                )
+            if due:
+                self._confirm_disk(job)
+            return
         with job.lock:
             job.files_done += 1
             job.bytes_done += got
             if fw.declined and not why:
                 job.declined += 1
 
+    def _confirm_disk(self, job: WarmJob) -> None:
+        """Disk warm: wait for the tier's writes of the files written, then count them as done in what
+        the tier holds."""
+        with job.lock:
+            files, job.unconfirmed = job.unconfirmed, []
+        if not files:
+            return
+        store = self.engine.disk.store
+        deadline = time.monotonic() + DISK_FLUSH_SECONDS
+        for dkey, size in files:
+            while store.pending(dkey) and time.monotonic() < deadline and not self._stopping():
+                time.sleep(DISK_POLL_SECONDS)
+            held = store.held_bytes(dkey)
+            with job.lock:
+                job.bytes_done += held
+                if held < size:
+                    job.declined += 1
 
-def warm_now(engine: Any, path: str, caller: Caller = ROOT, hidden: Iterable[str] = ()) -> dict[str, Any]:
-    """Warm *path* as *caller* in this thread and return the final report (tools and tests)."""
+
+def warm_now(
+    engine: Any, path: str, caller: Caller = ROOT, hidden: Iterable[str] = (), disk: bool = False
+) -> dict[str, Any]:
+    """Warm *path* as *caller* in this thread (*disk*: into the disk tier) and return the final report
+    (tools and tests)."""
     jobs = WarmJobs(engine, hidden)
-    job = WarmJob(0, path, caller, jobs._target(path, caller))
+    if disk:
+        jobs._tier(path)
+    job = WarmJob(0, path, caller, jobs._target(path, caller), disk)
     jobs.run(job)
     return job.progress()

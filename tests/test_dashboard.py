@@ -1,7 +1,8 @@
 """contrib/grafana/fastfs.json uses only metric and label names the daemon exports.
 
-The exported names come from a real scrape: an engine reads a few files (so every family, the
-histograms included, has samples), its snapshot goes through the daemon's registry, and the text
+The exported names come from a real scrape: an engine with a disk tier reads a few files (so every
+family, the histograms and the disk tier's included, has samples), its snapshot goes through the
+daemon's registry, and the text
 is parsed with prometheus-client's parser. Every metric name in a panel's query, and every label
 the queries select, group or template on, must be among them.
 """
@@ -36,7 +37,10 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[str], set[st
     (src / "big").write_bytes(bytes(range(256)) * (12 * MIB // 256))
     for i in range(6):
         (src / f"s{i}").write_bytes(b"x" * 3000)
-    config = load_config(overrides={"cache.budget": "64M", "state.dir": str(tmp / "state")}, use_default_path=False)
+    config = load_config(
+        overrides={"cache.budget": "64M", "state.dir": str(tmp / "state"), "cache.disk_dir": str(tmp / "disk")},
+        use_default_path=False,
+    )
     engine = Engine(str(src), config)
     try:
         for name in ("big", *(f"s{i}" for i in range(6))):
@@ -103,6 +107,11 @@ def test_dashboard_uses_only_exported_metric_names(exported: tuple[set[str], set
         "fastfs_pread_duration_seconds_bucket",
         "fastfs_patterns_total",
         "fastfs_source_errors_total",
+        "fastfs_disk_cache_bytes",
+        "fastfs_disk_cache_budget_bytes",
+        "fastfs_disk_hit_bytes_total",
+        "fastfs_disk_written_bytes_total",
+        "fastfs_disk_evictions_total",
     ):
         assert family in used, family
 

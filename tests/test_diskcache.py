@@ -198,6 +198,59 @@ def test_restart_serves_the_same_bytes_and_complete_fd(tmp_path):
         store.close()
 
 
+def test_verify_min_verifies_large_files_as_soon_as_complete(tmp_path):
+    store = open_store(tmp_path / "c", verify_min=2 * MIB)
+    try:
+        large, small = content("large", 5 * MIB + 3), content("small", MIB)
+        lkey, skey = make_key(1, len(large)), make_key(2, len(small))
+        assert store.put(lkey, len(large), 0, memoryview(large)[: 4 * MIB], lambda: None)
+        assert store.flush(30) and store.stats()[diskcache.VERIFIED] == 0  # not complete yet
+        assert store.put(lkey, len(large), 4 * MIB, memoryview(large)[4 * MIB :], lambda: None)
+        put_all(store, skey, small)
+        assert store.flush(30)
+        assert store.stats()[diskcache.VERIFIED] == 1  # the large one, without being asked
+        fd = store.complete_fd(lkey)
+        assert fd is not None
+        try:
+            assert os.pread(fd, len(large), 0) == large
+        finally:
+            os.close(fd)
+        assert store.complete_fd(skey) is None  # below verify_min: verified on first demand
+    finally:
+        store.close()
+
+
+def test_advise_asks_a_held_file_into_the_page_cache(tmp_path):
+    store = open_store(tmp_path / "c")
+    try:
+        data = content("adv", 3 * MIB)
+        key = make_key(1, len(data))
+        assert not store.advise(key)
+        put_all(store, key, data)
+        assert store.flush(30)
+        path = data_path(store, key)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        assert store.advise(key)
+        from fastfs.fsio.source import cached_share
+
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            deadline = time.monotonic() + 10
+            while (cached_share(fd, len(data)) or 0) < 0.9 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert (cached_share(fd, len(data)) or 0) >= 0.9
+        finally:
+            os.close(fd)
+        assert read_all(store, key, len(data)) == data
+    finally:
+        store.close()
+
+
 def test_changed_key_misses(tmp_path):
     store = open_store(tmp_path / "c")
     try:

@@ -829,3 +829,36 @@ def test_shuffled_scan_of_a_directory_larger_than_the_budget_wastes_nothing(tmp_
         assert fetched <= len(data) * size * 1.01
     finally:
         engine.close()
+
+
+def test_a_new_epoch_over_files_the_kernel_holds_fetches_metadata_only(tmp_path, monkeypatch):
+    """Second pass on the same mount: the kernel keeps the files' pages, so the scan fetches no data,
+    only the metadata, and the opens (of inodes opened before) need no source round trip."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    data = {f"f{i:03d}": random.Random(i).randbytes(3000) for i in range(60)}
+    for name, payload in data.items():
+        (src / "d" / name).write_bytes(payload)
+    engine = make_engine(src, tmp_path, **{"readahead.learn": "false"})
+    try:
+        for name in sorted(data):  # epoch 1: the reader reads every file through fastfs
+            r = engine.open(f"/d/{name}")
+            assert engine.read(r.fh, 0, 4096) == data[name]
+            engine.release(r.fh)
+        for key in list(engine._last_key.values()):  # fastfs's RAM has dropped them; the kernel has not
+            engine.cache.invalidate_file(key)
+        fetched = engine.snapshot()["counters"]["bytes_fetched_prefetch"]
+        opens: list[str] = []
+        real_open = engine.source.open_file
+        monkeypatch.setattr(engine.source, "open_file", lambda p: opens.append(p) or real_open(p))
+        order = sorted(data)
+        random.Random(3).shuffle(order)
+        for i, name in enumerate(order):  # epoch 2: the kernel serves the data (cached=True)
+            r = engine.open(f"/d/{name}", cached=True)
+            engine.release(r.fh)
+            if i == 5:
+                assert wait_until(lambda: len(engine._meta) >= len(data))
+        assert engine.snapshot()["counters"]["bytes_fetched_prefetch"] == fetched  # no data fetched again
+        assert len(opens) <= 12, opens  # the first few opens before the scan's metadata came
+    finally:
+        engine.close()
