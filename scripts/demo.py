@@ -61,8 +61,8 @@ MBPS = 400.0
 # margin) after dropping pages, so a cold pass also pays for its lookups.
 EMULATOR_ATTR_TIMEOUT = 0.2
 ATTR_EXPIRY_MARGIN = 0.1
-# Speedup from which the local-disk line says fastfs gained (beyond run-to-run noise).
-GAIN = 1.2
+# Rounds of the local-disk cells (direct, then fastfs, each round; the faster run of each is shown).
+LOCAL_ROUNDS = 2
 # Seconds allowed for a mount to become ready, and for each helper command.
 MOUNT_TIMEOUT = 60.0
 COMMAND_TIMEOUT = 60.0
@@ -194,10 +194,14 @@ class Results:
     def measure(
         self, storage: str, workload: str, side: str, fn: Callable[[], int], before: Callable[[], None]
     ) -> None:
+        """Time one cold run; a second run of the same cell keeps the faster (the local disk's cold
+        reads swing run to run, so its cells are run twice, alternating direct and fastfs)."""
         before()
         start = time.perf_counter()
         self.mismatches += fn()
-        self.seconds[(storage, workload, side)] = time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        key = (storage, workload, side)
+        self.seconds[key] = min(seconds, self.seconds.get(key, seconds))
 
     def speedup(self, storage: str, workload: str) -> float:
         return self.seconds[(storage, workload, "direct")] / self.seconds[(storage, workload, "fastfs")]
@@ -264,15 +268,14 @@ def main(argv: list[str] | None = None) -> int:
             return before
 
         def measure(storage: str, direct_root: Path, evict_roots: tuple[Path, ...], mnt: Path, wait: float) -> None:
-            for label, fn, files, _, _ in workloads:
-                results.measure(
-                    storage, label, "direct", lambda fn=fn: fn(direct_root), cold(*evict_roots, names=files, wait=wait)
-                )
             with fastfs_mount(direct_root, mnt, work / f"state-{mnt.name}"):
-                for label, fn, files, _, _ in workloads:
-                    results.measure(
-                        storage, label, "fastfs", lambda fn=fn: fn(mnt), cold(*evict_roots, names=files, wait=wait)
-                    )
+                for _round in range(LOCAL_ROUNDS if storage == "local" else 1):
+                    for side, root in (("direct", direct_root), ("fastfs", mnt)):
+                        for label, fn, files, _, _ in workloads:
+                            results.measure(
+                                storage, label, side, lambda fn=fn, root=root: fn(root),
+                                cold(*evict_roots, names=files, wait=wait),
+                            )  # fmt: skip
                 if storage == "latency":
                     r = run(FASTFS + ["stats", str(mnt)])
                     results.stats_text = (r.stdout + r.stderr).rstrip()
@@ -309,12 +312,9 @@ def main(argv: list[str] | None = None) -> int:
             "latency-bound storage: fastfs speedup "
             + ", ".join(f"{x:.1f}x on {n}" for n, x in zip(short, fast, strict=True))
         )
-        gains = [n for n, x in zip(short, local, strict=True) if x >= GAIN]
         cost = (
-            f"this disk makes a single reader wait on {', '.join(gains)}, where parallel prefetch helps; "
-            "elsewhere fastfs only adds its FUSE hop"
-            if gains
-            else "a fast local disk leaves fastfs no wait to hide, only its FUSE hop to pay: "
+            "on a local disk fastfs hands each open file to the kernel (passthrough): large reads run at the "
+            "disk's own speed, a small file pays one open round trip through fastfs; "
             "use fastfs over network, object-store or cold storage"
         )
         log("local disk: fastfs speedup " + ", ".join(f"{x:.1f}x on {n}" for n, x in zip(short, local, strict=True))
