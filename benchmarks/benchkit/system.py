@@ -14,8 +14,9 @@ from typing import Any
 
 from .units import KIB
 
-# Mount points are created under this directory.
-MOUNT_ROOT = "/tmp/fastfs-bench-mnt"
+# Mount points are created under this directory, one subdirectory per benchmark process, so two
+# benchmarks running at once never unmount each other's mounts (mountpoint() clears its own path).
+MOUNT_ROOT = os.path.join("/tmp/fastfs-bench-mnt", str(os.getpid()))
 
 
 def drop_caches() -> None:
@@ -40,7 +41,7 @@ def force_unmount(path: str) -> None:
 
 
 def mountpoint(name: str) -> str:
-    """An empty directory under MOUNT_ROOT for a mount called *name*."""
+    """An empty directory under MOUNT_ROOT (this process's) for a mount called *name*."""
     path = os.path.join(MOUNT_ROOT, name)
     if is_mounted(path):
         force_unmount(path)
