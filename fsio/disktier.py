@@ -60,7 +60,7 @@ from fastfs.fsio import diskcache, diskdir
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import Block
 from fastfs.fsio.diskcache import DiskStore
-from fastfs.fsio.source import LOCAL_FS_TYPES
+from fastfs.fsio.source import LOCAL_FS_TYPES, FileKey
 
 # Version of the key layout: a store written with another layout never matches (its entries age out).
 KEY_FORMAT = 1
@@ -116,9 +116,9 @@ class DiskTier:
         """Whether writes are queued (their blocks stay pinned in RAM until written)."""
         return self.store.stats()[diskcache.QUEUED] > 0
 
-    def key(self, path: str, file_key: tuple) -> tuple:
+    def key(self, path: str, file_key: FileKey) -> tuple:
         """Disk key of the version ``file_key`` (the engine's stat_key) of source file ``path``."""
-        _dev, ino, size, mtime_ns, ctime_ns = file_key
+        _dev, ino, size, mtime_ns, ctime_ns = file_key  # (a plain 5-tuple works too)
         return (KEY_FORMAT, self._tree, _id64(path), ino if self._keep_ino else 0, size, mtime_ns, ctime_ns)
 
     # -- reads ------------------------------------------------------------------------------------

@@ -86,7 +86,7 @@ from fastfs.fsio.cache import FAILED, READY, Block, BlockCache, round_up
 from fastfs.fsio.disktier import DiskFill, DiskTier
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED, RangePlan, ScanPolicy, StreamPolicy, choose_route
 from fastfs.fsio.pool import FileGroup, PreadPool
-from fastfs.fsio.source import DIRECT_ALIGN, Source, SourceFile, cached_share, split, stat_key
+from fastfs.fsio.source import DIRECT_ALIGN, FileKey, Source, SourceFile, cached_share, split, stat_key
 from fastfs.fsio.trace import DecisionLog
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class OpenResult:
     """``served`` (reads come to the engine) or ``passthrough`` (the kernel reads the source file)."""
     backing_fd: int = -1
     """For passthrough: the open source descriptor to register as the backing file (valid until release)."""
-    key: tuple = ()
+    key: FileKey | tuple = ()
     """File key of the version opened."""
     st: os.stat_result | None = None
     """Attributes of the version opened."""
@@ -196,7 +196,7 @@ class FileEntry:
     """State of one open file version shared by its handles."""
 
     path: str
-    key: tuple
+    key: FileKey
     size: int
     src: SourceFile | None
     st: os.stat_result
@@ -234,7 +234,7 @@ class MetaEntry:
     """Metadata fetched by a scan: served for lookups and opens while fresh."""
 
     st: os.stat_result
-    key: tuple
+    key: FileKey
     fetched_at: float
 
 
@@ -277,8 +277,8 @@ class Engine:
         self.pool = PreadPool(self.config.cache.workers, file_workers=self.config.cache.file_workers)
         self._lock = threading.Lock()
         self._handles: dict[int, FileEntry] = {}
-        self._entries: dict[tuple, FileEntry] = {}
-        self._last_key: OrderedDict[str, tuple] = OrderedDict()  # path -> file key of its last open
+        self._entries: dict[FileKey, FileEntry] = {}
+        self._last_key: OrderedDict[str, FileKey] = OrderedDict()  # path -> file key of its last open
         self._implicit: OrderedDict[str, tuple[FileEntry, float, int]] = OrderedDict()  # path -> (entry, at, fh)
         self._meta: OrderedDict[str, MetaEntry] = OrderedDict()
         self._dirs: OrderedDict[str, DirScan] = OrderedDict()
@@ -378,7 +378,7 @@ class Engine:
         self,
         path: str,
         flags: int = os.O_RDONLY,
-        expect: tuple | None = None,
+        expect: FileKey | None = None,
         cached: bool = False,
         held_route: str = "",
     ) -> OpenResult:
@@ -401,9 +401,7 @@ class Engine:
         else:
             on_disk = not passthrough and self._disk_backing(entry)
         with self._lock:
-            fh = self._next_fh
-            self._next_fh += 1
-            self._handles[fh] = entry
+            fh = self._add_handle_locked(entry)
             on_disk = on_disk or (passthrough and entry.disk_fd >= 0)
             backing_fd = -1
             if on_disk:
@@ -427,7 +425,7 @@ class Engine:
         return OpenResult(fh, route, backing_fd, entry.key, entry.st)
 
     def _acquire_entry(
-        self, path: str, expect: tuple | None = None, need_source: bool = False, kernel_cached: bool = False
+        self, path: str, expect: FileKey | None = None, need_source: bool = False, kernel_cached: bool = False
     ) -> FileEntry:
         """Revalidate the source (close-to-open) and return the shared entry of its version.
 
@@ -467,7 +465,14 @@ class Engine:
             self.cache.invalidate_file(previous)  # the path has a new version: free the old one's blocks
         return entry
 
-    def _disk_key(self, path: str, key: tuple) -> tuple:
+    def _add_handle_locked(self, entry: FileEntry) -> int:
+        """The one handle allocator: a new handle (never 0) for *entry* (the caller holds ``_lock``)."""
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = entry
+        return fh
+
+    def _disk_key(self, path: str, key: FileKey) -> tuple:
         return self.disk.key(path, key) if self.disk is not None else ()
 
     def _on_disk(self, path: str, meta: MetaEntry) -> bool:
@@ -569,7 +574,7 @@ class Engine:
         offset: int,
         dest: memoryview,
         path: str | None = None,
-        expect: tuple | None = None,
+        expect: FileKey | None = None,
         parts: ReplyParts | None = None,
     ) -> int:
         """Fill ``dest`` with the file's bytes at ``offset``; returns the count (short only at EOF).
@@ -1100,7 +1105,7 @@ class Engine:
         self.stats.add(m.FORMAT_PLANS)
         self._fetch_heads(entry, plan)
         max_lead = max(FORMAT_LEAD, 2 * self.config.readahead.max_window)
-        share = self.learn.file_share(entry.path, entry.size, entry.key[3]) if self.learn is not None else None
+        share = self.learn.file_share(entry.path, entry.size, entry.key.mtime_ns) if self.learn is not None else None
         whole = share is not None and share >= WHOLE_SHARE
         if whole:  # the last load of this version read it all: no need to wait for proof
             self.stats.add(m.LEARNED_WHOLE)
@@ -1144,7 +1149,7 @@ class Engine:
         plan = entry.range_plan
         if self.learn is None or plan is None or plan.read == 0 or plan.total == 0:
             return  # nothing read through fastfs (the kernel's cache served it): nothing learned
-        self.learn.record_file(entry.path, entry.size, entry.key[3], plan.read / plan.total)
+        self.learn.record_file(entry.path, entry.size, entry.key.mtime_ns, plan.read / plan.total)
 
     def _fetch_heads(self, entry: FileEntry, plan: formats.Plan) -> None:
         """Queue the page windows of a plan's heads (before its ranges: the loader reads them first)."""
@@ -1360,7 +1365,7 @@ class Engine:
                 ds.inflight -= 1
             self._pump(dir_path, ds)
 
-    def _remember_meta(self, path: str, st: os.stat_result, key: tuple) -> None:
+    def _remember_meta(self, path: str, st: os.stat_result, key: FileKey) -> None:
         with self._lock:
             self._meta[path] = MetaEntry(st, key, time.monotonic())
             self._meta.move_to_end(path)
@@ -1381,7 +1386,7 @@ class Engine:
         return True
 
     # == open-less reads (fuse.no_open) =============================================================
-    def _implicit_entry(self, path: str | None, expect: tuple | None = None) -> FileEntry | None:
+    def _implicit_entry(self, path: str | None, expect: FileKey | None = None) -> FileEntry | None:
         """The entry for an open-less read of ``path`` (fuse.no_open): an implicit handle per path,
         revalidated like an open once its attr_timeout has passed (ESTALE when the source is no
         longer the version *expect* names)."""
@@ -1400,9 +1405,7 @@ class Engine:
         entry = self._acquire_entry(path, expect)
         self._after_open(path, entry, probe=True)
         with self._lock:
-            fh = self._next_fh
-            self._next_fh += 1
-            self._handles[fh] = entry
+            fh = self._add_handle_locked(entry)
             previous = self._implicit.pop(path, None)
             self._implicit[path] = (entry, now, fh)
             stale = [previous[2]] if previous is not None else []
@@ -1426,9 +1429,7 @@ class Engine:
         for a reader (no format probe, scan bookkeeping, learning or open count); :meth:`release` it."""
         entry = self._acquire_entry(path)
         with self._lock:
-            fh = self._next_fh
-            self._next_fh += 1
-            self._handles[fh] = entry
+            fh = self._add_handle_locked(entry)
         return fh, entry
 
     def passes_through(self) -> bool:
@@ -1491,7 +1492,7 @@ class Engine:
             self.stats.add(m.TIMEOUTS)
             self.stats.error("ETIMEDOUT")
 
-    def version_key(self, path: str) -> tuple[int, int, int, int, int]:
+    def version_key(self, path: str) -> FileKey:
         """Cache key of the version of *path* the source holds now (from an lstat)."""
         return stat_key(self.source.lstat(path))
 
