@@ -310,6 +310,13 @@ class FileKey(NamedTuple):
     ctime_ns: int
 
 
+class HeadKey(NamedTuple):
+    """Cache file key of a version's head windows (small page windows a format plan fetched at open,
+    indexed by window number): another key kind than the version's own blocks (``FileKey``)."""
+
+    file: FileKey
+
+
 def stat_key(st: os.stat_result) -> FileKey:
     """Identity of one version of a file: a changed source never matches a cached key."""
     return FileKey(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
