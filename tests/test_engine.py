@@ -17,6 +17,7 @@ from fastfs.config import load_config
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import READY, BlockCache
 from fastfs.fsio.engine import Engine, ReplyParts
+from fastfs.fsio.source import HeadKey
 
 MIB = 1024 * 1024
 
@@ -101,7 +102,9 @@ def test_random_traces_return_source_bytes_and_respect_budget(data_dir, tmp_path
                 continue
             assert engine.read(r.fh, offset, size) == expected[offset : offset + size]
             assert engine.cache.reserved <= engine.cache.budget
+            engine.check_invariants()
         engine.release(r.fh)
+        engine.check_invariants()
     finally:
         engine.close()
 
@@ -134,6 +137,7 @@ def test_concurrent_readers_threads(data_dir, tmp_path):
         t.join(120)
     try:
         assert not errors
+        engine.check_invariants()
         g = engine.snapshot()["gauges"]
         assert g["open_files"] == 0
         assert g["cache_bytes"] <= g["cache_budget"]
@@ -343,7 +347,8 @@ def test_torch_record_headers_are_fetched_at_open_and_served_from_ram(data_dir, 
         r = engine.open("/ckpt.pt")
         entry = engine.handles.get(r.fh)
         deadline = time.monotonic() + 30
-        while not (entry.heads and all(engine.cache.peek(entry.key, i).state == READY for *_, i in entry.heads)):
+        head_key = HeadKey(entry.key)  # head windows are a cache key kind of their own, not file blocks
+        while not (entry.heads and all(engine.cache.peek(head_key, w.index).state == READY for w in entry.heads)):
             assert time.monotonic() < deadline, "head windows were not fetched"
             time.sleep(0.02)
         # one window per storage record, each holding that record's local header
@@ -358,6 +363,15 @@ def test_torch_record_headers_are_fetched_at_open_and_served_from_ram(data_dir, 
             assert bytes(buf) == data[page : page + 8192]
         assert engine.snapshot()["counters"][m.PREADS] == preads  # all from RAM
         assert read_all(engine, r.fh, len(data), MIB) == data  # payload reads unaffected
+        engine.release(r.fh)
+        engine.check_invariants()
+        # a new version of the path frees the old version's head windows with its blocks
+        old_key = entry.key
+        torch.save({"w": torch.rand(MIB, generator=gen)}, data_dir / "ckpt.pt")
+        r = engine.open("/ckpt.pt")
+        assert all(engine.cache.peek(head_key, w.index) is None for w in entry.heads)
+        assert engine.cache.peek(old_key, 0) is None
+        assert engine.read(r.fh, 0, 64) == (data_dir / "ckpt.pt").read_bytes()[:64]
         engine.release(r.fh)
     finally:
         engine.close()
