@@ -250,7 +250,7 @@ class Fills:
         as a stuck read of the file)."""
         if self.fail_fast(entry):
             self._failed_fast(entry)
-        fill: BlockFill | None = block.job  # type: ignore[assignment]  # Block.job is typed object in cache.py
+        fill: BlockFill | None = block.job  # (cache.py types Block.job as object; it holds a BlockFill)
         if fill is not None and not fill.demand:
             for job in fill.jobs:
                 self.pool.promote(job)

@@ -28,10 +28,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastfs.fsio.policy import RangePlan, StreamPolicy
 from fastfs.fsio.pool import FileGroup
 from fastfs.fsio.source import FileKey, Source, SourceFile
+
+if TYPE_CHECKING:  # (probe.py imports this module)
+    from fastfs.fsio.probe import HeadWindow
 
 # Paths whose last file key is remembered (a new version frees the old one's blocks at once).
 MAX_VERSIONS = 100_000
@@ -61,7 +65,7 @@ class FileEntry:
     planning: bool = False  # a format probe is queued or running (the plan will decide what to fetch);
     # set under lock, cleared by the probe without it (a bool store; readers only steer prefetch by it)
     mmap_seen: bool = False  # out-of-order reads inside the plan were counted (a bool set once, no lock)
-    heads: tuple = ()  # the fetched head windows (fastfs.fsio.heads.HeadWindow, by start): replaced
+    heads: tuple[HeadWindow, ...] = ()  # the fetched head windows (by start): replaced
     # whole under lock, read without it (one attribute load of an immutable tuple)
     inline: int = 0  # source reads running on readers' own threads (guarded by lock)
     inline_stuck: int = 0  # of those, counted in stuck: the kernel layer gave up on their readers (lock)
@@ -101,11 +105,11 @@ class HandleTable:
         self._implicit: OrderedDict[str, tuple[FileEntry, float, int]] = OrderedDict()  # path -> (entry,
         # opened at, fh) of open-less readers (lock)
         self._next_fh = 1  # the next handle (lock)
+        # get(fh): the entry of handle fh or None, read without the lock (see the module docstring);
+        # the dict's own method, as a read pays for every call layer
+        self.get: Callable[[int], FileEntry | None] = self._handles.get
 
     # -- handles ----------------------------------------------------------------------------------
-    def get(self, fh: int) -> FileEntry | None:
-        """The entry of handle *fh* (no lock: see the module docstring)."""
-        return self._handles.get(fh)
 
     def add(self, entry: FileEntry) -> int:
         """The one handle allocator: a new handle (never 0) naming *entry*, whose ``handles`` count the
