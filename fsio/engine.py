@@ -509,11 +509,16 @@ class Engine:
         gauges = self.cache.gauges()
         demand_q, prefetch_q = self.pool.queued()
         open_files, entries = self.handles.counts()
+        streams = sequential = 0
+        for entry in entries:
+            with entry.lock:  # (the policy is guarded by it)
+                streams += len(entry.policy.streams)
+                sequential += sum(1 for s in entry.policy.streams if s.sequential)
         gauges.update(
             open_files=open_files,
             file_versions=len(entries),
-            streams=sum(len(e.policy.streams) for e in entries),
-            sequential_streams_active=sum(1 for e in entries for s in e.policy.streams if s.sequential),
+            streams=streams,
+            sequential_streams_active=sequential,
             active_scans=self.scanner.active_scans(),
             queued_demand=demand_q,
             queued_prefetch=prefetch_q,
@@ -585,9 +590,10 @@ class Engine:
         return restart
 
     def check_invariants(self) -> None:
-        """Raise AssertionError when a part's state is inconsistent: the handle table, and the cache
-        when it has its own check (tests run this after every step; mounts behind a debug switch)."""
+        """Raise AssertionError when a part's state is inconsistent: the handle table, the scanner, and
+        the cache when it has its own check (tests run this after steps)."""
         self.handles.check_invariants()
+        self.scanner.check_invariants()
         check_cache = getattr(self.cache, "check_invariants", None)
         if check_cache is not None:
             check_cache()

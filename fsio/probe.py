@@ -142,7 +142,7 @@ class FormatProbe:
             self.handles.put_source(src)
 
     def _plan_format(self, entry: FileEntry) -> None:
-        if entry.handles == 0:
+        if entry.handles == 0:  # (read without the table's lock: closed meanwhile, a probe is not worth it)
             return
 
         def read_at(offset: int, length: int) -> bytes:

@@ -393,6 +393,22 @@ class Scanner:
         self.remember_meta(path, src.st, src.key)
         return True
 
+    def check_invariants(self) -> None:
+        """Raise AssertionError when the scan states or the metadata cache are inconsistent."""
+        with self._meta_lock:
+            if len(self._meta) > MAX_META:
+                raise AssertionError(f"{len(self._meta)} metadata entries, more than {MAX_META}")
+        with self._dirs_lock:
+            scans = list(self._dirs.items())
+        if len(scans) > MAX_SCAN_DIRS:
+            raise AssertionError(f"{len(scans)} scan states, more than {MAX_SCAN_DIRS}")
+        for dir_path, ds in scans:
+            with ds.lock:
+                if ds.inflight < 0 or ds.inflight > SCAN_PARALLEL:
+                    raise AssertionError(f"scan of {dir_path}: {ds.inflight} fetches in flight")
+                if ds.ahead_bytes != sum(ds.ahead.values()):
+                    raise AssertionError(f"scan of {dir_path}: ahead_bytes {ds.ahead_bytes} is not the sum of ahead")
+
     def close(self) -> None:
         self.closed = True
         with self._meta_lock:

@@ -833,6 +833,7 @@ def test_shuffled_scan_of_a_directory_larger_than_the_budget_wastes_nothing(tmp_
         for name in order:
             r = engine.open(f"/d/{name}")
             assert engine.read(r.fh, 0, size) == data[name]
+            engine.check_invariants()
             engine.release(r.fh)
             scan = engine.scanner._dirs["/d"]
             assert scan.ahead_bytes <= engine.cache.budget // 2
