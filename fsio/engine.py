@@ -151,7 +151,7 @@ class Engine:
         self.cache = parts.cache
         self.pool = parts.pool
         self.clock = parts.clock
-        self.block_size = self.config.cache.block_size
+        self.block_size = self.cache.block_size
         self.passthrough_available = False  # set by the daemon when the kernel connection can do passthrough
         self.trace = DecisionLog(log)  # --log-level debug: opens and pattern decisions, rate-limited
         self.learn = None
