@@ -9,7 +9,7 @@ a few calls in its fill, scan, open, warm and stats paths:
   whole, the engine pins the block once more before it becomes READY and hands it to the store,
   which only queues it; a writer thread writes the block's own buffer (no copy) and then unpins it.
   A reader never waits for a disk write; a full write queue drops the write (counted). Head
-  windows (negative block indexes, at arbitrary offsets) and short fills (a source that shrank) are
+  windows (cache key kind ``HeadKey``, at arbitrary offsets) and short fills (a source that shrank) are
   not written.
   A small file read whole outside blocks (an exact read) is handed over as a copy
   (:meth:`DiskTier.store_copy`), since the reader's buffer goes back to the kernel.
@@ -60,7 +60,7 @@ from fastfs.fsio import diskcache, diskdir
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import Block
 from fastfs.fsio.diskcache import DiskStore
-from fastfs.fsio.source import LOCAL_FS_TYPES
+from fastfs.fsio.source import LOCAL_FS_TYPES, FileKey, HeadKey
 
 # Version of the key layout: a store written with another layout never matches (its entries age out).
 KEY_FORMAT = 1
@@ -116,9 +116,9 @@ class DiskTier:
         """Whether writes are queued (their blocks stay pinned in RAM until written)."""
         return self.store.stats()[diskcache.QUEUED] > 0
 
-    def key(self, path: str, file_key: tuple) -> tuple:
+    def key(self, path: str, file_key: FileKey) -> tuple:
         """Disk key of the version ``file_key`` (the engine's stat_key) of source file ``path``."""
-        _dev, ino, size, mtime_ns, ctime_ns = file_key
+        _dev, ino, size, mtime_ns, ctime_ns = file_key  # (a plain 5-tuple works too)
         return (KEY_FORMAT, self._tree, _id64(path), ino if self._keep_ino else 0, size, mtime_ns, ctime_ns)
 
     # -- reads ------------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ class DiskTier:
     def keeps(dkey: tuple, block: Block, n: int, length: int) -> bool:
         """Whether a fill of ``block`` that got ``n`` of its ``length`` bytes is written to disk: whole
         blocks of the file only (not head windows, which lie at any offset, nor short reads)."""
-        return bool(dkey) and n == length and n > 0 and block.key[1] >= 0
+        return bool(dkey) and n == length and n > 0 and not isinstance(block.key[0], HeadKey)
 
     def store_block(self, dkey: tuple, size: int, block: Block, n: int, unpin: Callable[[Block], None]) -> bool:
         """Queue the first ``n`` bytes of ``block`` (pinned once for the store by the caller) for writing;
@@ -194,25 +194,26 @@ def _nothing() -> None:
 class DiskFill:
     """One block fill served from the disk tier: a pool job (``jobs`` is itself, so a reader waiting
     for a queued prefetch can promote it like a source fill). When the store does not hold the range
-    any more or a check fails, it hands the block to the engine's source fill instead."""
+    any more or a check fails, it hands the block to the source fill instead (``fills``: the
+    :class:`~fastfs.fsio.fills.Fills` that queued it)."""
 
-    __slots__ = ("engine", "entry", "block", "start", "length", "demand", "jobs")
+    __slots__ = ("fills", "entry", "block", "start", "length", "demand", "jobs")
 
-    def __init__(self, engine: Any, entry: Any, block: Block, start: int, length: int, demand: bool) -> None:
-        self.engine, self.entry, self.block = engine, entry, block
+    def __init__(self, fills: Any, entry: Any, block: Block, start: int, length: int, demand: bool) -> None:
+        self.fills, self.entry, self.block = fills, entry, block
         self.start, self.length, self.demand = start, length, demand
         self.jobs = (self,)
 
     def __call__(self) -> None:
-        engine, block = self.engine, self.block
+        fills, block = self.fills, self.block
         try:
-            n = engine.disk.read(self.entry.dkey, self.start, block.view[: self.length])
+            n = fills.disk.read(self.entry.dkey, self.start, block.view[: self.length])
         except OSError:
             n = None
         if n != self.length:  # not held (evicted meanwhile) or failed its check: the source decides
-            engine._start_source_fill(self.entry, block, self.start, self.length, self.demand)
+            fills.start_source_fill(self.entry, block, self.start, self.length, self.demand)
             return
         block.job = None
         if not self.demand:
-            engine.stats.add(m.BYTES_DISK_PREFETCH, n)
-        engine.cache.complete(block, n)
+            fills.stats.add(m.BYTES_DISK_PREFETCH, n)
+        fills.cache.complete(block, n)

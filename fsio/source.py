@@ -27,6 +27,7 @@ import resource
 import stat
 import struct
 import threading
+from typing import NamedTuple
 
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine)
 RESOLVE_NO_SYMLINKS = 0x04
@@ -298,9 +299,27 @@ def fs_type(fd: int) -> int:
     return struct.unpack_from("q", buf.raw)[0] & 0xFFFFFFFF
 
 
-def stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+class FileKey(NamedTuple):
+    """Identity of one version of a source file (the RAM cache's file key): a changed source file has
+    another size, mtime or ctime, so it never matches a cached key. Equal to the plain 5-tuple."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+class HeadKey(NamedTuple):
+    """Cache file key of a version's head windows (small page windows a format plan fetched at open,
+    indexed by window number): another key kind than the version's own blocks (``FileKey``)."""
+
+    file: FileKey
+
+
+def stat_key(st: os.stat_result) -> FileKey:
     """Identity of one version of a file: a changed source never matches a cached key."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return FileKey(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 _SYS_CACHESTAT = {"x86_64": 451, "aarch64": 451}.get(os.uname().machine)

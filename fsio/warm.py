@@ -63,7 +63,7 @@ from typing import Any
 
 from fastfs.fsio.access import ROOT, Caller, may_list, may_read, may_search
 from fastfs.fsio.cache import FAILED, READY, Block
-from fastfs.fsio.source import split, stat_key
+from fastfs.fsio.source import HeadKey, split, stat_key
 
 # Threads running warm jobs (their own, so a warm never holds a FUSE worker or a pread worker).
 WARM_THREADS = 2
@@ -245,6 +245,7 @@ class WarmJobs:
         cache = self.engine.cache
         before = cache.cached_bytes(key)
         cache.invalidate_file(key)
+        cache.invalidate_file(HeadKey(key))  # its head windows too (a key kind of their own)
         return {"size": st.st_size, "evicted": max(0, before - cache.cached_bytes(key))}
 
     def disk_cached(self, path: str, caller: Caller) -> dict[str, int]:

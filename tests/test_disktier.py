@@ -444,7 +444,7 @@ def test_scans_write_what_they_fetch_and_keep_only_metadata_of_what_the_tier_hol
         assert _wait(lambda: engine.snapshot()["counters"][m.SCAN_FILES] >= len(scanned) - 2)
         ahead = [n for n in scanned if n not in ("/d/s00", "/d/s01")]
         assert all(engine.cache.cached_bytes(engine.version_key(n)) == 0 for n in ahead)  # no RAM taken
-        assert all(engine._fresh_meta(n) is not None for n in ahead)
+        assert all(engine.scanner.fresh_meta(n) is not None for n in ahead)
         for name in scanned:
             assert read_file(engine, name) == data[name]
         c = engine.snapshot()["counters"]
@@ -470,7 +470,7 @@ def test_learned_set_replays_from_disk_after_a_restart(data, tmp_path, no_source
         assert read_file(engine, names[0]) == data[names[0]]  # the first open replays the learned set
         assert _wait(lambda: engine.snapshot()["counters"][m.SCAN_FILES] >= len(names) - 1)
         assert engine.snapshot()["counters"][m.LEARNED_PLANS] == 1
-        assert all(engine._fresh_meta(n) is not None for n in names[1:])
+        assert all(engine.scanner.fresh_meta(n) is not None for n in names[1:])
         for name in names:
             assert read_file(engine, name) == data[name]
         assert tried == [] and engine.snapshot()["counters"][diskcache.HIT_BYTES] >= sum(len(data[n]) for n in names)

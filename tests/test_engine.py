@@ -17,6 +17,7 @@ from fastfs.config import load_config
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import READY, BlockCache
 from fastfs.fsio.engine import Engine, ReplyParts
+from fastfs.fsio.source import HeadKey
 
 MIB = 1024 * 1024
 
@@ -101,7 +102,9 @@ def test_random_traces_return_source_bytes_and_respect_budget(data_dir, tmp_path
                 continue
             assert engine.read(r.fh, offset, size) == expected[offset : offset + size]
             assert engine.cache.reserved <= engine.cache.budget
+            engine.check_invariants()
         engine.release(r.fh)
+        engine.check_invariants()
     finally:
         engine.close()
 
@@ -134,6 +137,7 @@ def test_concurrent_readers_threads(data_dir, tmp_path):
         t.join(120)
     try:
         assert not errors
+        engine.check_invariants()
         g = engine.snapshot()["gauges"]
         assert g["open_files"] == 0
         assert g["cache_bytes"] <= g["cache_budget"]
@@ -202,9 +206,9 @@ def test_in_flight_fetch_is_shared(data_dir, tmp_path):
     engine = make_engine(data_dir, tmp_path, **{"readahead.formats": "false"})
     try:
         r = engine.open("/big")
-        entry = engine._handles[r.fh]
-        b1 = engine._fetch_block(entry, 5, demand=True, keep_pin=True)
-        b2 = engine._fetch_block(entry, 5, demand=False, keep_pin=True)
+        entry = engine.handles.get(r.fh)
+        b1 = engine.fills.fetch_block(entry, 5, demand=True, keep_pin=True)
+        b2 = engine.fills.fetch_block(entry, 5, demand=False, keep_pin=True)
         assert b1 is b2
         assert b1.done.wait(30) and b1.state == READY
         engine.cache.unpin(b1)
@@ -244,7 +248,7 @@ def test_source_error_is_reported_and_not_cached(data_dir, tmp_path, monkeypatch
     engine = make_engine(data_dir, tmp_path)
     try:
         r = engine.open("/big")
-        src = engine._handles[r.fh].src
+        src = engine.handles.get(r.fh).src
         real = type(src).read_into
         fail = {"on": True}
 
@@ -271,7 +275,7 @@ def test_hung_source_read_times_out(data_dir, tmp_path, monkeypatch):
     release = threading.Event()
     try:
         r = engine.open("/big")
-        src = engine._handles[r.fh].src
+        src = engine.handles.get(r.fh).src
 
         def hang(self, offset, view, aligned=False):
             release.wait(30)
@@ -341,9 +345,10 @@ def test_torch_record_headers_are_fetched_at_open_and_served_from_ram(data_dir, 
     engine = make_engine(data_dir, tmp_path)
     try:
         r = engine.open("/ckpt.pt")
-        entry = engine._handles[r.fh]
+        entry = engine.handles.get(r.fh)
         deadline = time.monotonic() + 30
-        while not (entry.heads and all(engine.cache.peek(entry.key, i).state == READY for *_, i in entry.heads)):
+        head_key = HeadKey(entry.key)  # head windows are a cache key kind of their own, not file blocks
+        while not (entry.heads and all(engine.cache.peek(head_key, w.index).state == READY for w in entry.heads)):
             assert time.monotonic() < deadline, "head windows were not fetched"
             time.sleep(0.02)
         # one window per storage record, each holding that record's local header
@@ -359,6 +364,15 @@ def test_torch_record_headers_are_fetched_at_open_and_served_from_ram(data_dir, 
         assert engine.snapshot()["counters"][m.PREADS] == preads  # all from RAM
         assert read_all(engine, r.fh, len(data), MIB) == data  # payload reads unaffected
         engine.release(r.fh)
+        engine.check_invariants()
+        # a new version of the path frees the old version's head windows with its blocks
+        old_key = entry.key
+        torch.save({"w": torch.rand(MIB, generator=gen)}, data_dir / "ckpt.pt")
+        r = engine.open("/ckpt.pt")
+        assert all(engine.cache.peek(head_key, w.index) is None for w in entry.heads)
+        assert engine.cache.peek(old_key, 0) is None
+        assert engine.read(r.fh, 0, 64) == (data_dir / "ckpt.pt").read_bytes()[:64]
+        engine.release(r.fh)
     finally:
         engine.close()
 
@@ -371,7 +385,7 @@ def test_file_read_whole_is_released_whole_at_open_next_time(data_dir, tmp_path)
 
     def planned(engine, fh):
         deadline = time.monotonic() + 30
-        while engine._handles[fh].range_plan is None:
+        while engine.handles.get(fh).range_plan is None:
             assert time.monotonic() < deadline, "no format plan"
             time.sleep(0.02)
 
@@ -472,9 +486,9 @@ def test_warm_fetches_tree(data_dir, tmp_path):
 
 
 def test_no_open_implicit_handles_are_bounded_and_spare_real_handles(data_dir, tmp_path, monkeypatch):
-    from fastfs.fsio import engine as engine_module
+    from fastfs.fsio import handles as handles_module
 
-    monkeypatch.setattr(engine_module, "MAX_IMPLICIT", 2)
+    monkeypatch.setattr(handles_module, "MAX_IMPLICIT", 2)
     engine = make_engine(data_dir, tmp_path)
     try:
         expected = (data_dir / "big").read_bytes()
@@ -485,8 +499,8 @@ def test_no_open_implicit_handles_are_bounded_and_spare_real_handles(data_dir, t
             name = f"/small/f{i:03d}"
             n = engine.read_into(0, 0, memoryview(buf), path=name)
             assert bytes(buf[:n]) == (data_dir / name.lstrip("/")).read_bytes()
-        assert len(engine._implicit) == 2
-        assert len(engine._handles) == 3  # the real handle plus two implicit ones
+        assert len(engine.handles._implicit) == 2
+        assert len(engine.handles._handles) == 3  # the real handle plus two implicit ones
         assert engine.read(real.fh, 123, 1000) == expected[123:1123]
         engine.release(real.fh)
     finally:
@@ -515,7 +529,7 @@ def test_large_exact_reads_are_split_over_streams_and_byte_exact(data_dir, tmp_p
     expected = (data_dir / "big").read_bytes()
     try:
         r = engine.open("/big")
-        src = engine._handles[r.fh].src
+        src = engine.handles.get(r.fh).src
         real = type(src).read_into
         pieces: list[tuple[int, int, bool]] = []
 
@@ -542,7 +556,7 @@ def test_block_fills_are_split_over_streams_and_a_failed_piece_fails_the_block(d
     expected = (data_dir / "big").read_bytes()  # 20 MiB + 4097: the last block is 4097 bytes
     try:
         r = engine.open("/big")
-        src = engine._handles[r.fh].src
+        src = engine.handles.get(r.fh).src
         real = type(src).read_into
         pieces: list[tuple[int, int, bool]] = []
         fail_at: set[int] = set()
@@ -562,7 +576,7 @@ def test_block_fills_are_split_over_streams_and_a_failed_piece_fails_the_block(d
         fills = [p for p in pieces if p[1] == MIB and p[2]]
         assert {off for off, _, _ in fills} >= {i * MIB for i in range(20)}  # 1 MiB pieces cover the blocks
         assert not fail_at and engine.snapshot()["errors"].get("EIO", 0) >= 1  # the failure happened
-        block = engine.cache.peek(engine._handles[r.fh].key, 1)
+        block = engine.cache.peek(engine.handles.get(r.fh).key, 1)
         if block is not None:  # fetched again after the failure: whole and right
             assert block.done.wait(10) and block.state == READY
             assert bytes(block.view[: block.length]) == expected[4 * MIB : 8 * MIB]
@@ -718,16 +732,16 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
 def test_reads_of_a_file_with_stuck_reads_fail_fast_until_they_return(data_dir, tmp_path, monkeypatch):
     """Issue 12 finding 7: after a read of a file timed out with its source read still stuck, later
     reads of it fail at once without queuing more source reads; once the stuck read returns, reads work."""
-    from fastfs.fsio import engine as engine_module
+    from fastfs.fsio import fills as fills_module
 
-    monkeypatch.setattr(engine_module, "UNSTUCK_WAIT", 0.05)
+    monkeypatch.setattr(fills_module, "UNSTUCK_WAIT", 0.05)
     engine = make_engine(data_dir, tmp_path, **{"readahead.read_timeout": "1", "readahead.enabled": "false"})
     expected = (data_dir / "big").read_bytes()
     release = threading.Event()
     calls: list[int] = []
     try:
         r = engine.open("/big")
-        src = engine._handles[r.fh].src
+        src = engine.handles.get(r.fh).src
         real = type(src).read_into
 
         def hang(self, offset, view, aligned=False):
@@ -739,7 +753,7 @@ def test_reads_of_a_file_with_stuck_reads_fail_fast_until_they_return(data_dir, 
         monkeypatch.setattr(type(src), "read_into", hang)
         with pytest.raises(OSError):
             engine.read(r.fh, 4096, 4096)
-        assert engine._handles[r.fh].stuck == 1
+        assert engine.handles.get(r.fh).stuck == 1
         before = len(calls)
         t0 = time.monotonic()
         for offset in (MIB, 2 * MIB, 3 * MIB):
@@ -750,7 +764,7 @@ def test_reads_of_a_file_with_stuck_reads_fail_fast_until_they_return(data_dir, 
         assert len(calls) == before  # and none reached the source
         assert engine.snapshot()["counters"][m.FAST_FAILS] == 3
         release.set()
-        assert wait_until(lambda: engine._handles[r.fh].stuck == 0)
+        assert wait_until(lambda: engine.handles.get(r.fh).stuck == 0)
         assert engine.read(r.fh, MIB, 4096) == expected[MIB : MIB + 4096]
     finally:
         release.set()
@@ -762,9 +776,9 @@ def test_small_reads_run_inline_and_an_abandoned_one_counts_as_stuck(data_dir, t
     """With the kernel layer's watchdog (inline_reads), an exact small read runs on the reader's own
     thread (no pool hand-off); when the watchdog gives up on it, the file counts a stuck read, so later
     reads fail fast without reaching the source until the hung read returns."""
-    from fastfs.fsio import engine as engine_module
+    from fastfs.fsio import fills as fills_module
 
-    monkeypatch.setattr(engine_module, "UNSTUCK_WAIT", 0.05)
+    monkeypatch.setattr(fills_module, "UNSTUCK_WAIT", 0.05)
     engine = make_engine(data_dir, tmp_path, **{"readahead.read_timeout": "1", "readahead.enabled": "false"})
     engine.inline_reads = True
     expected = (data_dir / "big").read_bytes()
@@ -772,7 +786,7 @@ def test_small_reads_run_inline_and_an_abandoned_one_counts_as_stuck(data_dir, t
     threads: list[int] = []
     try:
         r = engine.open("/big")
-        src = engine._handles[r.fh].src
+        src = engine.handles.get(r.fh).src
         real = type(src).read_into
 
         def hang(self, offset, view, aligned=False):
@@ -789,13 +803,13 @@ def test_small_reads_run_inline_and_an_abandoned_one_counts_as_stuck(data_dir, t
         assert wait_until(lambda: len(threads) == 2)
         engine.abandoned_read(r.fh)  # what the watchdog does when it answers that request
         engine.abandoned_read(r.fh)  # a second report of the same read counts once
-        assert engine._handles[r.fh].stuck == 1
+        assert engine.handles.get(r.fh).stuck == 1
         with pytest.raises(OSError) as e:
             engine.read(r.fh, 8192, 100)
         assert e.value.errno == errno.EIO and len(threads) == 2  # failed fast, no source read
         release.set()
         stuck_reader.join(10)
-        assert engine._handles[r.fh].stuck == 0
+        assert engine.handles.get(r.fh).stuck == 0
         assert engine.read(r.fh, 8192, 100) == expected[8192:8292]
         engine.release(r.fh)
     finally:
@@ -819,8 +833,9 @@ def test_shuffled_scan_of_a_directory_larger_than_the_budget_wastes_nothing(tmp_
         for name in order:
             r = engine.open(f"/d/{name}")
             assert engine.read(r.fh, 0, size) == data[name]
+            engine.check_invariants()
             engine.release(r.fh)
-            scan = engine._dirs["/d"]
+            scan = engine.scanner._dirs["/d"]
             assert scan.ahead_bytes <= engine.cache.budget // 2
         counters = engine.snapshot()["counters"]
         assert counters["small_file_scan_files"] > 0
@@ -845,7 +860,7 @@ def test_a_new_epoch_over_files_the_kernel_holds_fetches_metadata_only(tmp_path,
             r = engine.open(f"/d/{name}")
             assert engine.read(r.fh, 0, 4096) == data[name]
             engine.release(r.fh)
-        for key in list(engine._last_key.values()):  # fastfs's RAM has dropped them; the kernel has not
+        for key in list(engine.handles.versions.values()):  # fastfs's RAM has dropped them; the kernel has not
             engine.cache.invalidate_file(key)
         fetched = engine.snapshot()["counters"]["bytes_fetched_prefetch"]
         opens: list[str] = []
@@ -857,7 +872,7 @@ def test_a_new_epoch_over_files_the_kernel_holds_fetches_metadata_only(tmp_path,
             r = engine.open(f"/d/{name}", cached=True)
             engine.release(r.fh)
             if i == 5:
-                assert wait_until(lambda: len(engine._meta) >= len(data))
+                assert wait_until(lambda: engine.scanner.meta_count() >= len(data))
         assert engine.snapshot()["counters"]["bytes_fetched_prefetch"] == fetched  # no data fetched again
         assert len(opens) <= 12, opens  # the first few opens before the scan's metadata came
     finally:

@@ -1,0 +1,515 @@
+"""Block fills and exact reads: every byte the read path takes from the source or the disk tier.
+
+:class:`Fills` is handed what it needs (the cache, the pool, the disk tier, the stats, the handle
+table for source references, the block size and the read settings) and knows nothing of the engine.
+Its parts:
+
+* **Block fills** (:meth:`Fills.fetch_block`, :meth:`Fills.prefetch`): reserve a cache block and
+  queue its fill: from the disk tier when it holds the range (:class:`~fastfs.fsio.disktier.DiskFill`,
+  one pool job that falls back to the source), else from the source as a :class:`Preads` of
+  pieces of at least :data:`FILL_SPLIT_MIN`, one per source stream, read in parallel; the last
+  piece to finish completes the block (a failed piece fails it) and hands it to the disk tier.
+* **Exact reads** (:meth:`Fills.read_exact`): the bytes a read takes outside blocks, from the disk
+  tier when it holds them, else from the source: small ones on the reader's own thread when a
+  watchdog bounds requests (``inline_reads``) or no timeout is set, large page-aligned ones (an mmap
+  read-around) split into parallel pieces through a page-aligned bounce buffer; demand results land
+  in a private buffer first, so a late completion never writes into a buffer the kernel took back.
+* **Timeouts and stuck files** (:meth:`Fills.wait_fill`, :meth:`Fills.fail_fast`,
+  :meth:`Fills.abandoned_read`): a read gives up after ``read_timeout``; the reads it gave up on
+  count as stuck reads of the file until they return, and while a file has stuck reads new reads
+  of it fail at once, except one per :data:`STUCK_PROBE_SECONDS` let through to notice a source
+  that came back. The one retry-wait rule (:func:`retry_wait`): a read that follows a timed-out read
+  of the same data waits at most :data:`RETRY_WAIT`.
+
+A block's fill is a :class:`BlockFill` (``block.job`` while it is queued or running): its pool
+jobs (so a reader waiting on a queued prefetch promotes them) and the priority they were queued at.
+
+Concurrency: :class:`Fills` holds no mutable state of its own besides the settings, which
+:meth:`Fills.reconfigure` replaces (single attribute stores, read without a lock). A
+:class:`Preads`' ``results``, ``left`` and ``abandoned`` are guarded by its ``guard``; the entry
+fields it changes (``stuck``, ``probe_at``, ``unstuck``, ``inline``, ``inline_stuck``) by the entry's
+lock. No lock is held across a pread or while waiting for one.
+"""
+
+from __future__ import annotations
+
+import _thread
+import errno
+import functools
+import mmap
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from fastfs.fsio import stats as m
+from fastfs.fsio.cache import READY, Block, BlockCache, round_up
+from fastfs.fsio.disktier import DiskFill, DiskTier
+from fastfs.fsio.handles import FileEntry, HandleTable
+from fastfs.fsio.pool import PreadPool
+from fastfs.fsio.source import DIRECT_ALIGN, SourceFile
+
+# Exact demand reads at least this large (and page-aligned) go to a block-read stream through an
+# aligned buffer, as one source request instead of the source's read-ahead-sized pieces.
+EXACT_ALIGNED_MIN = 64 * 1024
+# Exact aligned reads are split into pieces of at least this size, one per source stream.
+EXACT_SPLIT_MIN = 256 * 1024
+# Block fills are split into pieces of at least this size, one per source stream, read in parallel:
+# a reader waiting for a block waits for its slowest piece, not for one stream to carry all of it,
+# and queued blocks complete in queue order instead of all together at the end.
+FILL_SPLIT_MIN = 1024 * 1024
+# Largest whole file an exact read hands the disk tier as a copy (larger files are read in blocks, which
+# the tier takes without a copy).
+DISK_COPY_MAX = 1024 * 1024
+# Seconds a read waits when an earlier read of the same data already timed out (the kernel retries
+# a failed request at once; the source may also have come back meanwhile).
+RETRY_WAIT = 1.0
+# While reads of a file are stuck on the source (a reader timed out and they have not returned),
+# new reads of it fail at once, except one per this many seconds that tries the source again.
+STUCK_PROBE_SECONDS = 5.0
+# Seconds a read of such a file waits for the stuck reads to return before it fails (a source that
+# has just come back answers them within milliseconds).
+UNSTUCK_WAIT = 0.25
+
+
+class BlockFill(Protocol):
+    """The fill of one block while it is queued or running (``Block.job``): a :class:`Preads` or a
+    :class:`~fastfs.fsio.disktier.DiskFill`."""
+
+    demand: bool  # the priority its jobs were queued with
+    jobs: Sequence[Callable[[], None]]  # its pool jobs (promoted when a reader waits for a prefetch)
+
+
+def retry_wait(timeout: float | None, retry: bool) -> float | None:
+    """The one retry-wait rule: how long a read waits for the source (None: no bound). A read that
+    follows one that already timed out on the same data or file (*retry*) waits at most RETRY_WAIT."""
+    return min(timeout, RETRY_WAIT) if timeout and retry else timeout
+
+
+def spans(length: int, parts: int) -> list[tuple[int, int]]:
+    """``[0, length)`` cut into at most ``parts`` contiguous pieces with page-aligned starts."""
+    chunk = round_up(-(-length // max(1, parts)))
+    return [(a, min(length, a + chunk)) for a in range(0, length, chunk)]
+
+
+class Fills:
+    """Block fills and exact reads of the open file versions of one mount (see the module docstring)."""
+
+    def __init__(
+        self,
+        cache: BlockCache,
+        pool: PreadPool,
+        stats: m.Stats,
+        disk: DiskTier | None,
+        handles: HandleTable,
+        block_size: int,
+        source_streams: int,
+        read_timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache = cache
+        self.pool = pool
+        self.stats = stats
+        self.disk = disk
+        self.handles = handles  # source references and the forgetting of entries that were stuck
+        self.block_size = block_size
+        self.source_streams = source_streams  # fixed for the mount (a restart setting)
+        self.read_timeout = read_timeout  # seconds (0: no bound); replaced by reconfigure
+        self.clock = clock  # monotonic seconds (stuck files' probe times)
+        self.inline_reads = False  # set when a watchdog bounds requests: exact small reads then run on
+        # the reader's thread (see read_direct)
+
+    def reconfigure(self, read_timeout: float) -> None:
+        self.read_timeout = read_timeout
+
+    # -- source reads -----------------------------------------------------------------------------
+    def timed_pread(self, src: SourceFile, pos: int, view: memoryview, path: str, aligned: bool = False) -> int:
+        """One source pread, its latency and errors counted (errors carry *path*)."""
+        t0 = time.perf_counter()
+        try:
+            n = src.read_into(pos, view, aligned)
+        except OSError as e:
+            self.stats.error(errno.errorcode.get(e.errno or errno.EIO, "EIO"))
+            raise OSError(e.errno or errno.EIO, e.strerror, path) from None
+        self.stats.pread(time.perf_counter() - t0)
+        return n
+
+    # -- block fills ------------------------------------------------------------------------------
+    def fetch_block(self, entry: FileEntry, index: int, demand: bool, keep_pin: bool = False) -> Block | None:
+        """Reserve block ``index`` and queue its fill. Returns the (pinned if keep_pin) block or None."""
+        start = index * self.block_size
+        length = min(self.block_size, entry.size - start)
+        if length <= 0:
+            return None
+        block, created = self.cache.reserve(entry.key, index, length, prefetched=not demand)
+        if block is None:
+            if not demand:
+                self.stats.add(m.BACKPRESSURE)
+            return None
+        if created and not self.start_fill(entry, block, start, length, demand):
+            if keep_pin:
+                return block  # failed: the reader goes to the source directly
+            self.cache.unpin(block)
+            return None
+        if not keep_pin:
+            self.cache.unpin(block)
+        return block
+
+    def prefetch(self, entry: FileEntry, ranges: list[tuple[int, int]]) -> tuple[int, bool]:
+        """Queue prefetch of the blocks covering ``ranges``; returns (end scheduled, complete)."""
+        bs = self.block_size
+        upto = 0
+        for start, stop in ranges:
+            for index in range(start // bs, (stop - 1) // bs + 1):
+                if self.cache.peek(entry.key, index) is None and self.fetch_block(entry, index, demand=False) is None:
+                    return upto, False
+                upto = min(stop, (index + 1) * bs)
+        return upto, True
+
+    def start_fill(self, entry: FileEntry, block: Block, start: int, length: int, demand: bool) -> bool:
+        """Queue the fill of a block just reserved (the caller holds its pin): from the disk tier when it
+        holds the range (one pool job, which falls back to the source), else from the source.
+
+        False when it could not be queued (source unavailable, or prefetch declined: counted as
+        backpressure); the block has been failed then.
+        """
+        if self.disk is not None and self.disk.holds(entry.dkey, start, length):
+            fill = DiskFill(self, entry, block, start, length, demand)
+            block.job = fill
+            if demand:
+                self.pool.submit_demand(fill)
+                return True
+            if self.pool.submit_prefetch(fill):
+                return True
+            block.job = None
+            self.cache.fail(block, 0)
+            self.stats.add(m.BACKPRESSURE)
+            return False
+        return self.start_source_fill(entry, block, start, length, demand)
+
+    def start_source_fill(self, entry: FileEntry, block: Block, start: int, length: int, demand: bool) -> bool:
+        """Queue the fill of a block from the source as parallel pieces (see :meth:`start_fill`)."""
+        if entry.stuck:  # no more reads queued behind the stuck ones of this file: a reader goes to
+            # read_direct, which fails fast (or tries the source once per probe period)
+            self.cache.fail(block, 0)
+            if not demand:
+                self.stats.add(m.BACKPRESSURE)
+            return False
+        try:
+            src = self.handles.get_source(entry)
+        except OSError as e:
+            self.cache.fail(block, e.errno or errno.EIO)
+            return False
+        want = min(block.capacity, round_up(length))
+        parts = spans(want, min(self.source_streams, want // FILL_SPLIT_MIN))
+        done = functools.partial(self._complete_fill, block, length)
+        fill = Preads(self, entry, src, start, block.view, parts, True, demand, done)
+        block.job = fill
+        if demand:
+            for job in fill.jobs:
+                self.pool.submit_demand(job)
+            return True
+        if self.pool.submit_prefetch_all(fill.jobs):
+            return True
+        block.job = None
+        self.handles.put_source(src)
+        self.cache.fail(block, 0)
+        self.stats.add(m.BACKPRESSURE)
+        return False
+
+    def _complete_fill(self, block: Block, length: int, fill: Preads) -> None:
+        """The last piece of a block's fill finished: the block is complete, or failed if a piece failed."""
+        try:
+            block.job = None
+            try:
+                n = min(fill.total(), length)
+            except OSError as e:
+                self.cache.fail(block, e.errno or errno.EIO)
+                return
+            self.stats.add(m.BYTES_FETCHED_DEMAND if fill.demand else m.BYTES_FETCHED_PREFETCH, n)
+            self.stats.file_bytes(fill.path, fetched=n)
+            entry = fill.entry
+            self.complete_block(block, n, entry.dkey, entry.size, length)
+        finally:
+            self.handles.put_source(fill.src)
+
+    def complete_block(self, block: Block, n: int, dkey: tuple, size: int, length: int) -> None:
+        """Mark a filled block READY (``n`` bytes) and hand it to the disk tier when the tier keeps it."""
+        disk = self.disk
+        keep = disk is not None and disk.keeps(dkey, block, n, length)
+        if keep:
+            self.cache.pin(block)  # the store's pin, taken while the block cannot be evicted yet
+        self.cache.complete(block, n)
+        if keep:
+            disk.store_block(dkey, size, block, n, self.cache.unpin)
+
+    # -- waiting for a fill -----------------------------------------------------------------------
+    def wait_fill(self, entry: FileEntry, block: Block, timeout: float | None) -> None:
+        """Wait for a block that is not READY to be filled (its state says how it ended): promote a
+        queued prefetch, wait at most *timeout* (less when retrying, see :func:`retry_wait`). Raises
+        EIO when the file's reads are stuck (fail fast) or the wait timed out (the fill then counts
+        as a stuck read of the file)."""
+        if self.fail_fast(entry):
+            self._failed_fast(entry)
+        fill: BlockFill | None = block.job  # (cache.py types Block.job as object; it holds a BlockFill)
+        if fill is not None and not fill.demand:
+            for job in fill.jobs:
+                self.pool.promote(job)
+        # an earlier reader already gave up on this fill or on another read of the file (this is
+        # the read let through to try the source): wait only briefly for the source to come back
+        if not block.done.wait(retry_wait(timeout, block.errno == errno.ETIMEDOUT or bool(entry.stuck))):
+            block.errno = errno.ETIMEDOUT
+            if isinstance(fill, Preads):
+                fill.abandon()
+            self._timed_out(entry)
+
+    def abandon_block(self, block: Block) -> None:
+        """A warm gave up waiting for *block*: its fill counts as a stuck read of the file, as when a
+        reader times out."""
+        fill = block.job
+        if block.state != READY and isinstance(fill, Preads):
+            block.errno = errno.ETIMEDOUT
+            fill.abandon()
+            self.stats.add(m.TIMEOUTS)
+            self.stats.error("ETIMEDOUT")
+
+    def _timed_out(self, entry: FileEntry) -> None:
+        self.stats.add(m.TIMEOUTS)
+        self.stats.error("ETIMEDOUT")
+        raise OSError(errno.EIO, "source read timed out", entry.path)
+
+    def fail_fast(self, entry: FileEntry) -> bool:
+        """True when a read of *entry* should fail at once: earlier source reads of it are stuck (a
+        reader timed out on them and they have not returned), so a new one would only queue behind
+        them. One read per :data:`STUCK_PROBE_SECONDS` is let through to notice a source that is back."""
+        if not entry.stuck:
+            return False
+        # the stuck reads may be returning right now (a source that came back): wait a moment for them
+        if entry.unstuck.wait(UNSTUCK_WAIT):
+            return False
+        now = self.clock()
+        with entry.lock:
+            if not entry.stuck:
+                return False
+            if now - entry.probe_at >= STUCK_PROBE_SECONDS:
+                entry.probe_at = now
+                return False
+        return True
+
+    def _failed_fast(self, entry: FileEntry) -> None:
+        self.stats.add(m.FAST_FAILS)
+        raise OSError(errno.EIO, "source reads of this file are stuck", entry.path)
+
+    def abandoned_read(self, entry: FileEntry) -> None:
+        """The kernel layer gave up on a read of *entry* (its watchdog answered the request while the
+        read ran on): if an inline source read of the file is still out, it counts as a stuck read of
+        the file until it returns, so later reads of it fail fast instead of hanging one more thread."""
+        with entry.lock:
+            if entry.inline <= entry.inline_stuck:
+                return  # no inline read out that is not counted already
+            if not entry.stuck:
+                entry.probe_at = self.clock()
+                entry.unstuck.clear()
+            entry.stuck += 1
+            entry.inline_stuck += 1
+        self.stats.add(m.TIMEOUTS)
+
+    def _inline_done(self, entry: FileEntry) -> None:
+        with entry.lock:
+            entry.inline -= 1
+            unstuck = False
+            if entry.inline_stuck:
+                entry.inline_stuck -= 1
+                entry.stuck -= 1
+                unstuck = entry.stuck == 0
+                if unstuck:
+                    entry.unstuck.set()
+        if unstuck:
+            self.handles.unstuck(entry)
+
+    # -- exact reads ------------------------------------------------------------------------------
+    def read_exact(self, entry: FileEntry, pos: int, view: memoryview) -> int:
+        """Bytes a read takes outside blocks: from the disk tier when it holds them (checked there), else
+        from the source (:meth:`read_direct`). A small file read whole from the source this way is
+        also given to the tier, as a copy (the reader's buffer goes back to the kernel)."""
+        disk = self.disk
+        if disk is None or not entry.dkey:
+            return self.read_direct(entry, pos, view)
+        if disk.holds(entry.dkey, pos, len(view)):
+            n = disk.read(entry.dkey, pos, view)
+            if n is not None:
+                return n
+        n = self.read_direct(entry, pos, view)
+        if pos == 0 and n == entry.size and 0 < n <= DISK_COPY_MAX:
+            disk.store_copy(entry.dkey, entry.size, view[:n])
+        return n
+
+    def read_direct(self, entry: FileEntry, pos: int, view: memoryview) -> int:
+        """Demand read of exactly ``view`` from the source (no caching), bounded by read_timeout.
+
+        A large page-aligned read (an mmap read-around, a loader's read outside any prefetch) goes
+        to the block-read streams (``O_DIRECT`` where the source has it) through a page-aligned
+        bounce buffer, split into up to ``source_streams`` pieces read in parallel: a buffered read
+        of a latency-bound source is cut by the source's own small read-ahead into round trips one
+        after the other, and one stream's bandwidth would bound it.
+        """
+        timeout = self.read_timeout
+        if timeout and self.fail_fast(entry):
+            self._failed_fast(entry)
+        handles = self.handles
+        src = handles.get_source(entry)
+        length = len(view)
+        aligned = length >= EXACT_ALIGNED_MIN and pos % DIRECT_ALIGN == 0
+        if not aligned and (not timeout or self.inline_reads):
+            # on the reader's own thread: a hand-off to the pool costs more than the read on a fast
+            # source; a hung one is bounded by the kernel layer's watchdog (abandoned_read)
+            with entry.lock:
+                entry.inline += 1
+            try:
+                n = self.timed_pread(src, pos, view, entry.path)
+            finally:
+                handles.put_source(src)
+                self._inline_done(entry)
+            self.stats.add(m.BYTES_FETCHED_DEMAND, n)
+            return n
+        size = round_up(length) if aligned else length
+        parts = spans(size, min(self.source_streams, length // EXACT_SPLIT_MIN) if aligned else 1)
+        done = _thread.allocate_lock()
+        done.acquire()
+
+        def finished(batch: Preads) -> None:
+            handles.put_source(src)
+            done.release()
+
+        bounce = mmap.mmap(-1, size) if aligned else bytearray(length)
+        batch = Preads(self, entry, src, pos, memoryview(bounce), parts, aligned, True, finished)
+        if not timeout and len(batch.jobs) == 1:
+            batch.jobs[0]()
+        else:
+            for job in batch.jobs:
+                self.pool.submit_demand(job)
+        # while an earlier read of this file is stuck past the timeout, wait only briefly
+        wait = retry_wait(timeout, bool(entry.stuck))
+        if not done.acquire(timeout=wait if wait else -1):
+            if batch.abandon():
+                self._timed_out(entry)
+            done.acquire()  # it finished as the wait ended: the results are in
+        total = min(batch.total(), length)
+        view[:total] = batch.view[:total]
+        self.stats.add(m.BYTES_FETCHED_DEMAND, total)
+        return total
+
+
+class Preads:
+    """One source read of ``entry``'s file cut into pieces (``spans`` of ``view``, from file offset
+    ``pos``) run in parallel as pool jobs (``jobs``, in the file's pool group); the last piece to
+    finish calls ``done(self)``. A :class:`BlockFill` when it fills a block.
+
+    ``results`` holds each piece's byte count or error (an ``OSError`` without its traceback, whose
+    frames would keep views of ``view`` alive). ``results``, ``left`` and ``abandoned`` (a reader gave up
+    waiting: the read counts in ``entry.stuck`` until its last piece returns, and pieces not started yet
+    are skipped) are guarded by ``guard``; the rest is set once. ``demand`` is the priority the jobs
+    were queued with (a reader waiting for a queued prefetch promotes its jobs).
+    """
+
+    __slots__ = (
+        "fills",
+        "entry",
+        "path",
+        "src",
+        "pos",
+        "view",
+        "spans",
+        "aligned",
+        "demand",
+        "done",
+        "jobs",
+        "results",
+        "left",
+        "abandoned",
+        "guard",
+    )
+
+    def __init__(
+        self,
+        fills: Fills,
+        entry: FileEntry,
+        src: SourceFile,
+        pos: int,
+        view: memoryview,
+        pieces: list[tuple[int, int]],
+        aligned: bool,
+        demand: bool,
+        done: Callable[[Preads], None],
+    ) -> None:
+        self.fills, self.entry, self.path, self.src, self.pos, self.view = fills, entry, entry.path, src, pos, view
+        self.spans, self.aligned, self.demand, self.done = pieces, aligned, demand, done
+        self.jobs = [Pread(self, i) for i in range(len(pieces))]
+        self.results: list[int | OSError] = [0] * len(pieces)
+        self.left = len(pieces)
+        self.abandoned = False
+        self.guard = _thread.allocate_lock()
+
+    def abandon(self) -> bool:
+        """A reader gave up waiting; True when pieces were still out (the file now counts a stuck read)."""
+        with self.guard:
+            if self.left == 0 or self.abandoned:
+                return self.left > 0
+            self.abandoned = True
+        entry = self.entry
+        with entry.lock:
+            if not entry.stuck:  # the next read let through to try the source is one probe period away
+                entry.probe_at = self.fills.clock()
+                entry.unstuck.clear()
+            entry.stuck += 1
+        return True
+
+    def total(self) -> int:
+        """Bytes read contiguously from the start (a short piece is the end of the file); raises the
+        first piece's error."""
+        total = 0
+        for (a, b), outcome in zip(self.spans, self.results, strict=True):
+            if isinstance(outcome, OSError):
+                raise outcome
+            total += min(outcome, b - a)
+            if outcome < b - a:
+                break
+        return total
+
+
+class Pread:
+    """One piece of a :class:`Preads` (a plain object: cheaper than a closure per job); ``group`` is
+    its file's pool group (the pool bounds the pieces of one file running at once)."""
+
+    __slots__ = ("batch", "index", "group")
+
+    def __init__(self, batch: Preads, index: int) -> None:
+        self.batch, self.index, self.group = batch, index, batch.entry.group
+
+    def __call__(self) -> None:
+        batch = self.batch
+        a, b = batch.spans[self.index]
+        if batch.abandoned:  # its reader gave up: do not add a read to a source that does not answer
+            outcome: int | OSError = OSError(errno.ETIMEDOUT, "abandoned after a timeout", batch.path)
+        else:
+            try:
+                outcome = batch.fills.timed_pread(
+                    batch.src, batch.pos + a, batch.view[a:b], batch.path, aligned=batch.aligned
+                )
+            except OSError as e:
+                outcome = OSError(e.errno or errno.EIO, e.strerror, batch.path)
+        with batch.guard:
+            batch.results[self.index] = outcome
+            batch.left -= 1
+            last = batch.left == 0
+            abandoned = batch.abandoned
+        if last:
+            if abandoned:  # the source answered at last: reads of this file may wait again
+                entry = batch.entry
+                with entry.lock:
+                    entry.stuck -= 1
+                    unstuck = entry.stuck == 0
+                    if unstuck:
+                        entry.unstuck.set()
+                if unstuck:
+                    batch.fills.handles.unstuck(entry)
+            batch.done(batch)

@@ -1,0 +1,248 @@
+"""The format probe and head windows: what a file's format says a loader will read, fetched ahead.
+
+:class:`FormatProbe` runs once per file version (first open, files of :data:`FORMAT_MIN_SIZE` or
+more) on a pool worker: it reads the file's head (from a cached block, the disk tier or the source),
+asks :func:`fastfs.fsio.formats.plan_for` for the loader's ranges, and installs a
+:class:`~fastfs.fsio.policy.RangePlan` on the entry, which from then on decides alone what is fetched
+ahead inside its ranges (the read path asks it). The plan releases one block at open
+(:data:`FORMAT_INITIAL_LEAD`), then bytes ahead of each run of reads the reader has proven dense.
+With learning on, when the last handle of a planned file closes, the share of the plan its readers
+read is remembered (:meth:`FormatProbe.learn_load`); the next load of the same version, after a
+remount too, has its plan released whole at open if that load read (nearly, :data:`WHOLE_SHARE`)
+all of it.
+
+Head windows. A plan's heads (the local header of every record of a torch zip, which ``torch.load``
+reads one by one, each a source round trip) are fetched at open, in parallel, as small page windows
+(:data:`HEAD_WINDOW`) kept in the cache under their own key kind, :class:`~fastfs.fsio.source.HeadKey`
+of the file key (window number as index), so they never collide with the file's blocks and the disk
+tier never stores them. :meth:`FormatProbe.head_block` finds the window holding a read, which the
+read path then serves from it.
+
+Concurrency: the probe runs on one pool worker per version (``entry.probed`` under the entry's
+lock makes it once); it sets ``entry.range_plan`` and ``entry.heads`` under the entry's lock;
+``entry.heads`` is replaced whole and read without the lock (one load of an immutable tuple). The
+probe holds no lock across its reads. ``readahead`` and ``learn`` are single attribute loads.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import NamedTuple
+
+from fastfs.config.schema import ReadaheadConfig
+from fastfs.fsio import formats
+from fastfs.fsio import stats as m
+from fastfs.fsio.cache import READY, Block, BlockCache, round_up
+from fastfs.fsio.disktier import DiskTier
+from fastfs.fsio.fills import Fills
+from fastfs.fsio.handles import FileEntry, HandleTable
+from fastfs.fsio.policy import RangePlan
+from fastfs.fsio.pool import PreadPool
+from fastfs.fsio.source import DIRECT_ALIGN, HeadKey
+from fastfs.fsio.trace import DecisionLog
+
+# Files at least this large get a format probe on first open (smaller ones are read whole anyway).
+FORMAT_MIN_SIZE = 1024 * 1024
+# Bytes of a format plan released at open, before any read: one block (the first tensor's start),
+# so a loader that then reads little does not pay for more; reads release the rest.
+FORMAT_INITIAL_LEAD = 4 * 1024 * 1024
+# Bytes fetched from the page of each head of a format plan (a zip local header): the kernel reads
+# a header as the two pages from the page it starts in (8 KiB requests), so this holds that read.
+HEAD_WINDOW = 8 * 1024
+# Head windows are fetched only while they total at most 1/HEAD_SHARE of the planned bytes, so a
+# full load pays at most ~6 % extra for them (files of many tiny records are read in blocks anyway).
+HEAD_SHARE = 16
+# Cap of one file's head windows (2,048 records with 8 KiB windows).
+MAX_HEAD_BYTES = 16 * 1024 * 1024
+# Share of a format plan the previous load of the file read from which the next load of the same
+# version gets its plan released whole at open (a loader that read nine tenths reads it all).
+WHOLE_SHARE = 0.9
+# How far ahead of the furthest read a format plan keeps its ranges in flight at most.
+FORMAT_LEAD = 256 * 1024 * 1024
+# Sorts after every window of the same start (bisect key for "the last window starting <= offset").
+_AFTER_ANY = float("inf")
+
+
+class HeadWindow(NamedTuple):
+    """One fetched head window: file bytes [start, stop) in cache block (HeadKey(file key), index)."""
+
+    start: int
+    stop: int
+    index: int
+
+
+class FormatProbe:
+    """Format probes, range plans and head windows of the open file versions (see the module docstring)."""
+
+    def __init__(
+        self,
+        cache: BlockCache,
+        pool: PreadPool,
+        stats: m.Stats,
+        disk: DiskTier | None,
+        fills: Fills,
+        handles: HandleTable,
+        block_size: int,
+        readahead: ReadaheadConfig,
+        trace: DecisionLog,
+        learn=None,
+    ) -> None:
+        self.cache = cache
+        self.pool = pool
+        self.stats = stats
+        self.disk = disk
+        self.fills = fills
+        self.handles = handles  # source references for the probe's reads
+        self.block_size = block_size
+        self.readahead = readahead  # replaced whole by reconfigure
+        self.trace = trace
+        self.learn = learn  # fastfs.fsio.learn.AccessLog or None
+
+    def reconfigure(self, readahead: ReadaheadConfig) -> None:
+        self.readahead = readahead
+
+    # -- probe ------------------------------------------------------------------------------------
+    def maybe_probe(self, entry: FileEntry) -> None:
+        """Queue the format probe of *entry* unless it had one (or is too small, or formats are off)."""
+        if not self.readahead.formats or entry.probed or entry.size < FORMAT_MIN_SIZE:
+            return
+        with entry.lock:
+            probe = not entry.probed
+            entry.probed = True
+            entry.planning = probe
+        if probe and not self.pool.submit_prefetch(lambda: self._probe_format(entry)):
+            entry.planning = False
+            self.stats.add(m.BACKPRESSURE)
+
+    def _probe_format(self, entry: FileEntry) -> None:
+        """Read the head, parse it, queue the loader's ranges (runs on a pool worker)."""
+        try:
+            self._plan_format(entry)
+        finally:
+            entry.planning = False
+
+    def _read_at(self, entry: FileEntry, offset: int, length: int) -> bytes:
+        """[offset, offset+length) of *entry* for the format parser: from a ready cache block, the disk
+        tier or the source (the probe's only reads)."""
+        cached = self._cached_range(entry, offset, length)
+        if cached is not None:  # warmed or scanned already: no source read for the probe
+            return cached
+        if self.disk is not None and self.disk.holds(entry.dkey, offset, length):
+            buf = bytearray(max(0, min(length, entry.size - offset)))
+            n = self.disk.read(entry.dkey, offset, memoryview(buf))
+            if n is not None:
+                return bytes(buf[:n])
+        src = self.handles.get_source(entry)
+        try:
+            buf = bytearray(max(0, min(length, entry.size - offset)))
+            n = self.fills.timed_pread(src, offset, memoryview(buf), entry.path)
+            self.stats.add(m.BYTES_FETCHED_PREFETCH, n)
+            return bytes(buf[:n])
+        finally:
+            self.handles.put_source(src)
+
+    def _plan_format(self, entry: FileEntry) -> None:
+        if entry.handles == 0:  # (read without the table's lock: closed meanwhile, a probe is not worth it)
+            return
+
+        def read_at(offset: int, length: int) -> bytes:
+            return self._read_at(entry, offset, length)
+
+        try:
+            # only the head: a file read at random must not pay for a whole block
+            head = read_at(0, formats.HEAD_BYTES)
+            plan = formats.plan_for(head, entry.size, read_at)
+        except OSError:
+            return
+        if plan is None or not plan.ranges:
+            self.trace("%s: no known format in its first bytes: prefetch follows sequential reads only", entry.path)
+            return
+        self.stats.add(m.FORMAT_PLANS)
+        self._fetch_heads(entry, plan)
+        max_lead = max(FORMAT_LEAD, 2 * self.readahead.max_window)
+        learn = self.learn
+        share = learn.file_share(entry.path, entry.size, entry.key.mtime_ns) if learn is not None else None
+        whole = share is not None and share >= WHOLE_SHARE
+        if whole:  # the last load of this version read it all: no need to wait for proof
+            self.stats.add(m.LEARNED_WHOLE)
+            lead = max_lead
+        else:  # the release at open ends on a block boundary (a few bytes past it would fetch a whole block)
+            first = plan.ranges[0][0]
+            lead = (first + FORMAT_INITIAL_LEAD) // self.block_size * self.block_size - first
+            lead = lead if lead > 0 else FORMAT_INITIAL_LEAD
+        self.trace(
+            "%s: %s format plan of %d ranges (%d bytes, %d record headers): %s",
+            entry.path,
+            plan.format,
+            len(plan.ranges),
+            plan.total,
+            len(plan.heads),
+            "released whole, as the last load read it all" if whole else "released as the loader proves it reads on",
+        )
+        with entry.lock:
+            entry.range_plan = RangePlan(tuple(plan.ranges), lead, max_lead, whole=whole)
+            ranges = entry.range_plan.advance()
+        self.fills.prefetch(entry, ranges)
+
+    def _cached_range(self, entry: FileEntry, offset: int, length: int) -> bytes | None:
+        """[offset, offset+length) clipped at EOF from one ready cache block, or None."""
+        end = min(entry.size, offset + length)
+        index = offset // self.block_size
+        if end <= offset or (end - 1) // self.block_size != index:
+            return None
+        block = self.cache.get(entry.key, index)
+        if block is None:
+            return None
+        try:
+            if block.state != READY or block.start + block.length < end:
+                return None
+            return bytes(block.view[offset - block.start : end - block.start])
+        finally:
+            self.cache.unpin(block)
+
+    def learn_load(self, entry: FileEntry) -> None:
+        """The last handle of a planned file closed: remember how much of its plan the load read."""
+        plan = entry.range_plan
+        if self.learn is None or plan is None or plan.read == 0 or plan.total == 0:
+            return  # nothing read through fastfs (the kernel's cache served it): nothing learned
+        self.learn.record_file(entry.path, entry.size, entry.key.mtime_ns, plan.read / plan.total)
+
+    # -- head windows -----------------------------------------------------------------------------
+    def _fetch_heads(self, entry: FileEntry, plan: formats.Plan) -> None:
+        """Queue the page windows of a plan's heads (before its ranges: the loader reads them first)."""
+        windows: list[list[int]] = []
+        for offset, length in sorted(plan.heads):
+            start = offset // DIRECT_ALIGN * DIRECT_ALIGN
+            stop = min(entry.size, max(start + HEAD_WINDOW, round_up(offset + length)))
+            if windows and start <= windows[-1][1]:
+                windows[-1][1] = max(windows[-1][1], stop)
+            else:
+                windows.append([start, stop])
+        total = sum(b - a for a, b in windows)
+        if not windows or total > min(MAX_HEAD_BYTES, plan.total // HEAD_SHARE):
+            return
+        heads = []
+        head_key = HeadKey(entry.key)
+        for index, (start, stop) in enumerate(windows):
+            block, created = self.cache.reserve(head_key, index, stop - start, prefetched=True, start=start)
+            if block is None:
+                self.stats.add(m.BACKPRESSURE)
+                break
+            if created and not self.fills.start_fill(entry, block, start, stop - start, demand=False):
+                self.cache.unpin(block)
+                break
+            self.cache.unpin(block)
+            heads.append(HeadWindow(start, stop, index))
+        with entry.lock:
+            entry.heads = tuple(heads)
+
+    def head_block(self, entry: FileEntry, offset: int, end: int) -> Block | None:
+        """The (pinned) block of the head window holding all of [offset, end), or None."""
+        heads = entry.heads
+        k = bisect.bisect_right(heads, (offset, _AFTER_ANY)) - 1  # the last window starting <= offset
+        if k < 0:
+            return None
+        window = heads[k]
+        if end > window.stop:
+            return None
+        return self.cache.get(HeadKey(entry.key), window.index)

@@ -1,0 +1,417 @@
+"""The directory scanner and its metadata cache: small-file scans fetched ahead of the reader.
+
+Opens are fed to a per-directory :class:`~fastfs.fsio.policy.ScanPolicy` (:meth:`Scanner.on_open`);
+when it detects a scan (several files of one directory opened in a short span), the directory is
+listed and its remaining small files are fetched whole in the planned order on the pool, keeping
+at most :data:`SCAN_LEAD_FILES` (and 1/:data:`SCAN_BUDGET_SHARE` of the RAM budget) ahead of the
+reader and :data:`SCAN_PARALLEL` fetches in flight (:meth:`Scanner._pump`). With learning on, the set
+of files each directory's readers opened is recorded and, on the next epoch or after a remount, a
+scan of that set starts on the first open.
+
+Each fetch remembers the file's metadata (:class:`MetaEntry`): for ``attr_timeout`` seconds it answers
+lookups (:meth:`Scanner.lstat`, :meth:`Scanner.lstat_many`) and the open of a file whose data is at
+hand (the engine asks :meth:`Scanner.fresh_meta`), like the kernel's own attribute cache: that is
+what makes a scan fast on high-latency storage. A file the kernel holds the pages of (opened before
+on this mount) gets only its metadata fetched (:meth:`Scanner._scan_stat`); a small file the disk
+tier holds whole keeps only its metadata and has its data file asked into the page cache.
+
+Concurrency: ``_dirs_lock`` guards ``_dirs`` (the scan states, least recently used forgotten
+first); each :class:`DirScan` has its own ``lock`` guarding all of its fields. ``_meta_lock``
+guards ``_meta`` and ``_metadata_threads``. No lock is held across I/O: fetches and lstats run on
+the pool or the metadata threads, and ``_pump`` submits outside the scan's lock. ``versions`` (the
+handle table's, path -> last version) is read without its lock: one atomic lookup, a hint only.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import os
+import stat
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from fastfs.config.schema import ReadaheadConfig
+from fastfs.fsio import stats as m
+from fastfs.fsio.cache import BlockCache, round_up
+from fastfs.fsio.disktier import DiskTier
+from fastfs.fsio.fills import Fills
+from fastfs.fsio.policy import ScanPolicy
+from fastfs.fsio.pool import PreadPool
+from fastfs.fsio.source import FileKey, Source, SourceFile, split, stat_key
+from fastfs.fsio.trace import DecisionLog
+
+# Source lstats in flight at once for one directory listing with attributes (overlaps ~1 ms round trips).
+LSTAT_PARALLEL = 16
+# A scan keeps at most 1/SCAN_BUDGET_SHARE (half) of the cache budget fetched ahead of the reader: a data set
+# larger than the budget read in shuffled order would otherwise evict files fetched ahead before
+# their turn comes (fetched twice, read once).
+SCAN_BUDGET_SHARE = 2
+# Small files a scan keeps fetched ahead of the reader (bounds memory of huge directories).
+SCAN_LEAD_FILES = 4096
+# Scan fetches in flight per directory (enough to overlap 1.5 ms round trips).
+SCAN_PARALLEL = 32
+# Directories whose scan state is remembered (least recently used forgotten first). Not learn.py's
+# MAX_DIRS, which bounds the directories whose access sets are learned.
+MAX_SCAN_DIRS = 1024
+# Paths whose scan-fetched metadata is remembered.
+MAX_META = 200_000
+
+
+@dataclass
+class MetaEntry:
+    """Metadata fetched by a scan: served for lookups and opens while fresh (immutable once made)."""
+
+    st: os.stat_result
+    key: FileKey
+    fetched_at: float
+
+
+@dataclass
+class DirScan:
+    """Scan state of one directory (every field guarded by ``lock``)."""
+
+    policy: ScanPolicy
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    queue: deque[str] = field(default_factory=deque)  # names to fetch, in order
+    known: int = 0  # entries of the directory (listing or learned set), for the policy's epoch test
+    inflight: int = 0  # fetches submitted and not finished
+    ahead: dict[str, int] = field(default_factory=dict)  # name -> cache capacity of files fetched, not opened yet
+    ahead_bytes: int = 0  # sum of those capacities
+    sized: int = 0  # files this scan fetched, and their capacity in all (the mean estimates fetches in flight)
+    sized_bytes: int = 0
+
+
+class Scanner:
+    """Per-directory scans and the metadata they fetched (see the module docstring)."""
+
+    def __init__(
+        self,
+        source: Source,
+        cache: BlockCache,
+        pool: PreadPool,
+        stats: m.Stats,
+        disk: DiskTier | None,
+        fills: Fills,
+        versions: Mapping[str, FileKey],
+        readahead: ReadaheadConfig,
+        trust_seconds: float,
+        trace: DecisionLog,
+        learn=None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.source = source
+        self.clock = clock  # monotonic seconds (metadata freshness)
+        self.cache = cache
+        self.pool = pool
+        self.stats = stats
+        self.disk = disk
+        self.fills = fills  # timed preads and block completion (disk tier hand-off)
+        self.versions = versions  # path -> last version opened on this mount (read without lock: a hint)
+        self.readahead = readahead  # scan settings (replaced whole by reconfigure; one attribute load)
+        self.trust_seconds = trust_seconds  # fuse.attr_timeout: how long fetched metadata answers
+        self.trace = trace
+        self.learn = learn  # the learned access sets (fastfs.fsio.learn.AccessLog) or None
+        self.closed = False  # set once by close; fetches queued then do nothing
+        self._dirs: OrderedDict[str, DirScan] = OrderedDict()  # guarded by _dirs_lock
+        self._dirs_lock = threading.Lock()
+        self._meta: OrderedDict[str, MetaEntry] = OrderedDict()  # guarded by _meta_lock
+        self._meta_lock = threading.Lock()
+        self._metadata_threads: concurrent.futures.ThreadPoolExecutor | None = None  # made on first need (_meta_lock)
+
+    def reconfigure(self, readahead: ReadaheadConfig) -> None:
+        self.readahead = readahead
+
+    # -- metadata ---------------------------------------------------------------------------------
+    def fresh_meta(self, path: str) -> MetaEntry | None:
+        """The scan-fetched metadata of *path* while it is younger than ``attr_timeout``, or None."""
+        with self._meta_lock:
+            meta = self._meta.get(path)
+        if meta is None or self.clock() - meta.fetched_at > self.trust_seconds:
+            return None
+        return meta
+
+    def lstat(self, path: str) -> os.stat_result:
+        meta = self.fresh_meta(path)
+        if meta is not None:
+            return meta.st
+        return self.source.lstat(path)
+
+    def lstat_many(self, paths: list[str]) -> list[os.stat_result | None]:
+        """lstat of each path (None where it failed), in order. On a source that is not local the
+        ones not known from a scan's metadata are asked in parallel (:data:`LSTAT_PARALLEL` at a
+        time): a directory listing with attributes then costs about one source round trip per
+        :data:`LSTAT_PARALLEL` entries instead of one per entry."""
+        out: list[os.stat_result | None] = [None] * len(paths)
+        missing = []
+        for i, path in enumerate(paths):
+            meta = self.fresh_meta(path)
+            if meta is not None:
+                out[i] = meta.st
+            else:
+                missing.append(i)
+        if len(missing) > 1 and not self.source.local:
+            results = list(self._meta_pool().map(self._lstat_or_none, [paths[i] for i in missing]))
+            for i, st in zip(missing, results, strict=True):
+                out[i] = st
+        else:
+            for i in missing:
+                out[i] = self._lstat_or_none(paths[i])
+        return out
+
+    def _lstat_or_none(self, path: str) -> os.stat_result | None:
+        try:
+            return self.source.lstat(path)
+        except OSError:
+            return None
+
+    def _meta_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """Threads for parallel metadata calls (not the pread pool: they must not queue behind prefetch)."""
+        with self._meta_lock:
+            if self._metadata_threads is None:
+                self._metadata_threads = concurrent.futures.ThreadPoolExecutor(
+                    LSTAT_PARALLEL, thread_name_prefix="fastfs-meta"
+                )
+            return self._metadata_threads
+
+    def remember_meta(self, path: str, st: os.stat_result, key: FileKey) -> None:
+        with self._meta_lock:
+            self._meta[path] = MetaEntry(st, key, self.clock())
+            self._meta.move_to_end(path)
+            if len(self._meta) > MAX_META:
+                self._meta.popitem(last=False)
+
+    def meta_count(self) -> int:
+        with self._meta_lock:
+            return len(self._meta)
+
+    def _stale_names(self, dir_path: str, names) -> list[str]:
+        """The names whose scan-fetched metadata is missing or expired (the rest need no fetch)."""
+        prefix = dir_path.rstrip("/") + "/"
+        deadline = self.clock() - self.trust_seconds
+        out = []
+        with self._meta_lock:
+            meta = self._meta
+            for name in names:
+                entry = meta.get(prefix + name)
+                if entry is None or entry.fetched_at < deadline:
+                    out.append(name)
+        return out
+
+    # -- scans ------------------------------------------------------------------------------------
+    def dir_scan(self, dir_path: str) -> DirScan:
+        with self._dirs_lock:
+            ds = self._dirs.get(dir_path)
+            if ds is None:
+                ds = self._dirs[dir_path] = DirScan(ScanPolicy(self.readahead.scan_trigger))
+                if len(self._dirs) > MAX_SCAN_DIRS:
+                    self._dirs.popitem(last=False)
+            else:
+                self._dirs.move_to_end(dir_path)
+            return ds
+
+    def active_scans(self) -> int:
+        """Scans with files still to fetch or fetches in flight (a gauge; each state read without its lock)."""
+        with self._dirs_lock:
+            scans = list(self._dirs.values())
+        return sum(1 for d in scans if d.policy.active and (d.queue or d.inflight))
+
+    def on_open(self, path: str, size: int) -> None:
+        """Scan bookkeeping of one open of *path* (*size* bytes): may start or feed a scan."""
+        parts = split(path)
+        if not parts:
+            return
+        dir_path = "/" + "/".join(parts[:-1])
+        name = parts[-1]
+        ds = self.dir_scan(dir_path)
+        with ds.lock:
+            if ds.policy.epoch_over(name, ds.known):
+                ds.policy = ScanPolicy(self.readahead.scan_trigger)
+                ds.queue.clear()
+                ds.ahead.clear()
+                ds.ahead_bytes = 0
+            start = ds.policy.on_open(name)
+            ds.ahead_bytes -= ds.ahead.pop(name, 0)
+        learned = None
+        if self.learn is not None:
+            self.learn.note_plan_used(dir_path, name)
+            if self.learn.record_open(dir_path, name, size):
+                learned = self.learn.plan(dir_path)
+        if learned is not None:
+            self.trace("%s: replaying the learned access set of last epoch (%d files)", dir_path, len(learned.names))
+            names = self._stale_names(dir_path, learned.names)
+            with ds.lock:
+                ds.queue.extend(n for n in names if n not in ds.policy.opened)
+                ds.known = max(ds.known, len(learned.names))
+            self._pump(dir_path, ds)
+        if start:
+            self.trace("%s: small-file scan: several of its files opened in a short span, fetching the rest", dir_path)
+            self.stats.add(m.SCANS)
+            if not self.pool.submit_prefetch(lambda: self._start_scan(dir_path, ds)):
+                with ds.lock:
+                    ds.policy.active = False
+        elif ds.queue:
+            self._pump(dir_path, ds)
+
+    def _start_scan(self, dir_path: str, ds: DirScan) -> None:
+        try:
+            listing = self.source.listdir(dir_path)
+        except OSError:
+            return
+        known = len(listing)
+        listing = self._stale_names(dir_path, listing)
+        with ds.lock:
+            ds.known = max(ds.known, known)
+            queued = set(ds.queue)
+            plan = ds.policy.plan(listing)[: self.readahead.scan_max_files]
+            ds.queue.extend(n for n in plan if n not in queued)
+        self._pump(dir_path, ds)
+
+    def _pump(self, dir_path: str, ds: DirScan) -> None:
+        """Keep up to SCAN_PARALLEL fetches in flight and SCAN_LEAD_FILES (and a share of the budget)
+        fetched ahead."""
+        prefix = dir_path.rstrip("/") + "/"
+        while True:
+            with ds.lock:
+                if (
+                    not ds.queue
+                    or ds.inflight >= SCAN_PARALLEL
+                    or len(ds.ahead) >= SCAN_LEAD_FILES
+                    # fetches in flight count at the mean size fetched so far (the largest a scan
+                    # fetches before the first): their own sizes come later
+                    or ds.ahead_bytes + (ds.inflight + 1) * self._scan_size_estimate(ds)
+                    > self.cache.budget // SCAN_BUDGET_SHARE
+                ):
+                    return
+                name = ds.queue.popleft()
+                if name in ds.policy.opened:
+                    continue
+                path = prefix + name
+                # opened before on this mount: the kernel keeps its pages, only the metadata is
+                # fetched (its next open is answered from it, without a source round trip)
+                fetch = self._scan_stat if path in self.versions else self._scan_fetch
+                ds.inflight += 1
+            if self.fresh_meta(path) is not None or not self.pool.submit_prefetch(
+                lambda path=path, fetch=fetch: fetch(dir_path, ds, path)
+            ):
+                with ds.lock:
+                    ds.inflight -= 1
+                if self.fresh_meta(path) is None:
+                    with ds.lock:
+                        ds.queue.appendleft(name)
+                    self.stats.add(m.BACKPRESSURE)
+                    return
+
+    def _scan_size_estimate(self, ds: DirScan) -> int:
+        """Cache capacity a fetch in flight is counted at (the caller holds ``ds.lock``)."""
+        if ds.sized:
+            return ds.sized_bytes // ds.sized
+        return round_up(self.readahead.small_file_max)
+
+    def _disk_key(self, path: str, key: FileKey) -> tuple:
+        return self.disk.key(path, key) if self.disk is not None else ()
+
+    def _scan_fetch(self, dir_path: str, ds: DirScan, path: str) -> None:
+        """Worker: fetch one small file whole and remember its metadata."""
+        try:
+            if self.closed:
+                return
+            try:
+                src = self.source.open_file(path)
+            except OSError:
+                return
+            try:
+                if src.size > self.readahead.small_file_max:
+                    return
+                if self._scan_meta_only(path, src):
+                    return
+                if src.size > 0:
+                    block, created = self.cache.reserve(src.key, 0, src.size, prefetched=True)
+                    if block is None:
+                        self.stats.add(m.BACKPRESSURE)
+                        with ds.lock:
+                            ds.queue.appendleft(path.rsplit("/", 1)[1])
+                        return
+                    try:
+                        if created:
+                            try:
+                                n = self.fills.timed_pread(src, 0, block.view[: src.size], path)
+                            except OSError as e:
+                                self.cache.fail(block, e.errno or errno.EIO)
+                                return
+                            self.stats.add(m.BYTES_FETCHED_PREFETCH, n)
+                            self.stats.file_bytes(path, fetched=n)
+                            self.fills.complete_block(block, n, self._disk_key(path, src.key), src.size, src.size)
+                    finally:
+                        self.cache.unpin(block)
+                self.stats.add(m.SCAN_FILES)
+                self.remember_meta(path, src.st, src.key)
+                with ds.lock:
+                    name = path.rsplit("/", 1)[1]
+                    ds.sized += 1
+                    ds.sized_bytes += round_up(src.size)
+                    if name not in ds.ahead and name not in ds.policy.opened:
+                        ds.ahead[name] = round_up(src.size)
+                        ds.ahead_bytes += ds.ahead[name]
+            finally:
+                src.close()
+        finally:
+            with ds.lock:
+                ds.inflight -= 1
+            self._pump(dir_path, ds)
+
+    def _scan_stat(self, dir_path: str, ds: DirScan, path: str) -> None:
+        """Worker: the metadata of a small file the kernel holds the pages of (opened before on this
+        mount), so a scan's next open of it needs no source round trip either; no data is fetched."""
+        try:
+            if self.closed:
+                return
+            try:
+                st = self.source.lstat(path)
+            except OSError:
+                return
+            if stat.S_ISREG(st.st_mode) and st.st_size <= self.readahead.small_file_max:
+                self.remember_meta(path, st, stat_key(st))
+        finally:
+            with ds.lock:
+                ds.inflight -= 1
+            self._pump(dir_path, ds)
+
+    def _scan_meta_only(self, path: str, src: SourceFile) -> bool:
+        """A scan's fetch of a small file the disk tier holds whole: only its metadata is kept (the
+        open is answered from it, the read filled from the tier), and its data file is asked into the
+        page cache ahead; it takes no RAM block, so the scan's lead is not bounded by the RAM budget."""
+        if self.disk is None or src.size == 0:
+            return False
+        dkey = self._disk_key(path, src.key)
+        if not self.disk.holds(dkey, 0, src.size) or not self.disk.store.advise(dkey):
+            return False
+        self.stats.add(m.SCAN_FILES)
+        self.remember_meta(path, src.st, src.key)
+        return True
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError when the scan states or the metadata cache are inconsistent."""
+        with self._meta_lock:
+            if len(self._meta) > MAX_META:
+                raise AssertionError(f"{len(self._meta)} metadata entries, more than {MAX_META}")
+        with self._dirs_lock:
+            scans = list(self._dirs.items())
+        if len(scans) > MAX_SCAN_DIRS:
+            raise AssertionError(f"{len(scans)} scan states, more than {MAX_SCAN_DIRS}")
+        for dir_path, ds in scans:
+            with ds.lock:
+                if ds.inflight < 0 or ds.inflight > SCAN_PARALLEL:
+                    raise AssertionError(f"scan of {dir_path}: {ds.inflight} fetches in flight")
+                if ds.ahead_bytes != sum(ds.ahead.values()):
+                    raise AssertionError(f"scan of {dir_path}: ahead_bytes {ds.ahead_bytes} is not the sum of ahead")
+
+    def close(self) -> None:
+        self.closed = True
+        with self._meta_lock:
+            threads = self._metadata_threads
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)
