@@ -14,9 +14,23 @@ Buffers are anonymous ``mmap`` regions (page-aligned, so ``O_DIRECT`` preads can
 block size. Evicted buffers are kept on a free list, still charged to the budget, and reused: on
 this class of VM faulting in fresh anonymous memory costs more than the pread that fills it.
 
-Concurrency: ``_lock`` guards every table and counter of this class (``_blocks``, ``_consumed``,
-``_by_file``, ``_free``, ``reserved``) and the ``pins``/``state`` fields of blocks. It is never
-held across I/O or while waiting; a block's ``done`` event is set outside it.
+Concurrency (what guards what; the fields say it again):
+
+* ``_lock`` guards every table and counter of the cache (``_blocks``, ``_consumed``, ``_by_file``,
+  ``_free``, ``reserved``, ``budget``) and a block's ``pins``, ``state``, ``length`` and ``errno``:
+  :meth:`complete` and :meth:`fail` write the outcome under it, then set ``done`` outside it. A
+  reader that waited for ``done`` reads the outcome without the lock (``Event.set``/``wait``
+  order the writes before the reads) and so may the filler that wrote it.
+* A block's ``key``, ``start``, ``buf``, ``view``, ``capacity`` and ``prefetched`` never change after
+  :meth:`reserve` made it. ``used`` only goes from False to True, written by a reader copying out of
+  the block (pinned) without the lock; a stale False only counts the block's bytes as prefetch waste.
+  ``job`` is written by the block's filler, read without the lock by a reader deciding whether to
+  promote it (a stale value promotes a job that already runs: :meth:`PreadPool.promote` says no).
+  ``owner`` is set once by a warm before the block can be evicted.
+* :meth:`peek` reads ``_blocks`` without the lock: one dict lookup (atomic under the GIL), an
+  advisory answer (the block may go right after) that the caller never dereferences without a pin.
+
+The lock is never held across I/O or while waiting.
 """
 
 from __future__ import annotations
@@ -40,7 +54,9 @@ def round_up(n: int, granule: int = PAGE) -> int:
 class Block:
     """One cached range of a file version, from file offset ``start``; ``length`` valid bytes live at
     the start of ``buf``. Blocks with index >= 0 hold block ``index`` of the file; negative indexes
-    hold small extra ranges (a format plan's head windows) at any page-aligned ``start``."""
+    hold small extra ranges (a format plan's head windows) at any page-aligned ``start``.
+
+    What guards each field is listed in the module docstring (Concurrency)."""
 
     __slots__ = (
         "key",
@@ -80,15 +96,16 @@ class BlockCache:
     """Budgeted block store shared by every file of a mount."""
 
     def __init__(self, budget: int, block_size: int, stats: m.Stats) -> None:
-        self.budget = budget
-        self.block_size = block_size
-        self.stats = stats
+        self.budget = budget  # guarded by _lock (set_budget); read unlocked only as an advisory bound
+        self.block_size = block_size  # immutable
+        self.stats = stats  # internally synchronised
         self._lock = threading.Lock()
+        # All guarded by _lock (peek reads _blocks without it, see the module docstring):
         self._blocks: OrderedDict[tuple, Block] = OrderedDict()  # LRU order, oldest first
         self._consumed: OrderedDict[tuple, None] = OrderedDict()  # drop-behind candidates
-        self._by_file: dict[Hashable, set[int]] = {}
+        self._by_file: dict[Hashable, set[int]] = {}  # file key -> indexes of its blocks in _blocks
         self._free: list[mmap.mmap] = []  # block_size buffers kept for reuse (charged)
-        self.reserved = 0  # bytes charged: blocks (any state) + free buffers
+        self.reserved = 0  # bytes charged: blocks (any state) + free buffers; read unlocked only as a gauge
 
     # -- lookup -----------------------------------------------------------------------------
     def get(self, file_key: Hashable, index: int) -> Block | None:
@@ -217,9 +234,10 @@ class BlockCache:
     # -- completion ---------------------------------------------------------------------------
     def complete(self, block: Block, length: int) -> None:
         """The block's fill finished with ``length`` valid bytes; wake waiters."""
-        block.length = length
-        block.errno = 0
-        block.state = READY
+        with self._lock:
+            block.length = length
+            block.errno = 0
+            block.state = READY
         block.done.set()
 
     def fail(self, block: Block, errno_value: int) -> None:

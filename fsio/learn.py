@@ -37,9 +37,12 @@ never raises: a missing file is a fresh start, an unreadable or corrupt one is l
 ignored. Neither method raises on I/O errors; the engine calls :meth:`~AccessLog.save` when
 :attr:`~AccessLog.dirty` and its clock says so (see :meth:`~AccessLog.save_if_due`) and at close.
 
-Concurrency. ``_lock`` guards every in-memory structure (``_dirs``, the accuracy counters and the
-dirty flag); it is held only for dictionary work, never across file I/O: :meth:`save` copies what
-it needs under the lock and serializes and writes outside it. ``_save_lock`` only orders concurrent
+Concurrency. ``_lock`` guards every in-memory structure (``_dirs`` and each :class:`_Dir` in it,
+``_files``, the accuracy counters ``_planned``/``_hits``, the ``_dirty`` flag and ``_last_save``); it
+is held only for dictionary work, never across file I/O: :meth:`save` copies what it needs under the
+lock and serializes and writes outside it. A ``_Dir``'s ``learned`` map is never changed in place
+(only replaced), so a reference taken under the lock can be read after it. :attr:`dirty` reads the
+flag without the lock (a bool; a stale answer only moves a save to the next tick). ``_save_lock`` only orders concurrent
 saves (so an older snapshot never replaces a newer one) and is never taken on the read path.
 """
 

@@ -19,10 +19,14 @@ forgotten id finds nothing instead of another file).
 ``current`` maps each path to the node of the newest version looked up there; older nodes of the
 same path stay reachable by id until the kernel forgets them.
 
-Concurrency: ``_lock`` guards ``_by_id``, ``_current``, ``_next_id`` and every node's ``nlookup``;
-``Node.opens``/``route``/``backing``/``seen`` are guarded by ``_lock`` too (see :meth:`NodeTable.acquire`).
-Reads of ``_by_id`` by id (:meth:`get`) take no lock: a dict lookup is atomic in CPython and a
-node's identity fields are immutable.
+Concurrency: ``_lock`` guards ``_by_id``, ``_current`` and ``_next_id`` (all writes) and every
+node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen`` (read and written
+under it, see :meth:`NodeTable.acquire`), ``version`` and ``st`` (written under it). A node's
+``nodeid``, ``parent``, ``name`` and ``path`` never change. Read without the lock, on purpose:
+``_by_id`` in :meth:`NodeTable.get` and ``_current`` in :meth:`NodeTable.current` (one dict lookup,
+atomic in CPython; a node found may be forgotten right after, which a later request naming it
+would see anyway), and a node's ``st``/``version`` by the operations (one reference read: the
+attributes as of a moment ago, a whole ``stat_result``, never a torn one).
 """
 
 from __future__ import annotations
