@@ -273,7 +273,7 @@ class Engine:
             self.source.close()
             raise
         self.block_size = self.config.cache.block_size
-        self.cache = BlockCache(budget, self.block_size, self.stats)
+        self.cache = BlockCache(budget, self.block_size, self.stats, self.config.cache.check_invariants)
         self.pool = PreadPool(self.config.cache.workers, file_workers=self.config.cache.file_workers)
         self._lock = threading.Lock()
         self._handles: dict[int, FileEntry] = {}

@@ -185,14 +185,30 @@ class NodeTable:
             return backing
 
     def check_invariants(self) -> None:
-        """Raise AssertionError if the table is inconsistent (tests and debug mounts)."""
+        """Raise AssertionError naming the first broken invariant (tests and debug mounts): every node
+        filed under its own id, ids below the counter, counts positive (the root's too) and opens >= 0,
+        a route exactly while handles are open, a backing id only on the passthrough route and only
+        while open, an open node marked seen, a file's version the one its attributes name, and
+        ``_current`` naming live nodes of their own path."""
         with self._lock:
-            assert self._by_id.get(ROOT_ID) is self.root
+            assert self._by_id.get(ROOT_ID) is self.root, "nodes: the root is not filed under its id"
             for nodeid, node in self._by_id.items():
-                assert node.nodeid == nodeid
-                assert nodeid == ROOT_ID or FIRST_ID <= nodeid < self._next_id
-                assert node.nlookup > 0, f"node {nodeid} kept without references"
-                assert node.opens >= 0
-                assert (node.opens == 0) == (node.route == "") and (node.backing == 0 or node.route == "passthrough")
+                assert node.nodeid == nodeid, f"nodes: node {node.nodeid} filed under id {nodeid}"
+                assert nodeid == ROOT_ID or FIRST_ID <= nodeid < self._next_id, (
+                    f"nodes: id {nodeid} outside [{FIRST_ID}, {self._next_id})"
+                )
+                assert node.nlookup > 0, f"nodes: node {nodeid} kept without references"
+                assert node.opens >= 0, f"nodes: node {nodeid} has {node.opens} opens"
+                assert (node.opens == 0) == (node.route == ""), (
+                    f"nodes: node {nodeid} has {node.opens} opens on route {node.route!r}"
+                )
+                assert node.backing == 0 or (node.route == "passthrough" and node.opens > 0), (
+                    f"nodes: node {nodeid} holds backing id {node.backing} on route {node.route!r}"
+                )
+                assert node.opens == 0 or node.seen, f"nodes: open node {nodeid} not marked seen"
+                assert nodeid == ROOT_ID or node.version == version_of(node.st), (
+                    f"nodes: node {nodeid}'s attributes name another version than {node.version!r}"
+                )
             for path, node in self._current.items():
-                assert node.path == path and self._by_id.get(node.nodeid) is node
+                assert node.path == path, f"nodes: {path!r} names node {node.nodeid} of {node.path!r}"
+                assert self._by_id.get(node.nodeid) is node, f"nodes: {path!r} names forgotten node {node.nodeid}"

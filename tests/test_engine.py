@@ -22,7 +22,12 @@ MIB = 1024 * 1024
 
 
 def make_engine(src, tmp_path, **overrides) -> Engine:
-    opts = {"cache.budget": "32M", "cache.block_size": "1M", "state.dir": str(tmp_path / "state")}
+    opts = {
+        "cache.budget": "32M",
+        "cache.block_size": "1M",
+        "state.dir": str(tmp_path / "state"),
+        "cache.check_invariants": "true",  # every cache change of every engine test is checked
+    }
     opts.update(overrides)
     return Engine(str(src), load_config(overrides=opts, use_default_path=False))
 
@@ -167,7 +172,7 @@ def test_budget_full_declines_prefetch_but_demand_reads_go(data_dir, tmp_path):
 
 def test_cache_eviction_prefers_consumed_blocks_and_counts_waste():
     stats = m.Stats()
-    cache = BlockCache(4 * MIB, MIB, stats)
+    cache = BlockCache(4 * MIB, MIB, stats, check_invariants=True)
     blocks = []
     for i in range(4):
         b, _ = cache.reserve(("f",), i, MIB, prefetched=True)
@@ -188,7 +193,7 @@ def test_cache_eviction_prefers_consumed_blocks_and_counts_waste():
 
 
 def test_pending_and_pinned_blocks_are_never_evicted():
-    cache = BlockCache(2 * MIB, MIB, m.Stats())
+    cache = BlockCache(2 * MIB, MIB, m.Stats(), check_invariants=True)
     a, _ = cache.reserve(("f",), 0, MIB, prefetched=False)  # pending, pinned
     b, _ = cache.reserve(("f",), 1, MIB, prefetched=False)
     cache.complete(b, MIB)  # ready but pinned
