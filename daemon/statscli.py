@@ -18,8 +18,6 @@ from typing import Any
 from fastfs.daemon.control import STATS_RELPATH, STATS_TOP_FILES
 from fastfs.daemon.control import XATTR_STATS as STATS_XATTR
 
-# Seconds between --watch lines when no interval is given.
-DEFAULT_WATCH_INTERVAL = 1.0
 # Smallest --watch interval accepted (reading the snapshot is cheap, printing faster is noise).
 MIN_WATCH_INTERVAL = 0.1
 # --watch repeats its header after this many lines.

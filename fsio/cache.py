@@ -332,10 +332,6 @@ class BlockCache:
                 self._check_locked()
         self._account_evictions(evicted)
 
-    def has_room(self, size: int) -> bool:
-        """Cheap advisory check (no lock) used to skip planning when the budget is clearly full."""
-        return self.reserved + size <= self.budget or bool(self._consumed)
-
     def gauges(self) -> dict[str, int]:
         with self._lock:
             pending = sum(1 for b in self._blocks.values() if b.state == PENDING)

@@ -356,7 +356,7 @@ class RangePlan:
             fresh.append((cursor, hi))
         if not fresh:
             return []
-        self._released = _merge([*self._released, (lo, hi)])
+        self._released = _merge_intervals([*self._released, (lo, hi)])
         out: list[tuple[int, int]] = []
         for a, b in fresh:
             i = bisect.bisect_right(self._plan_starts, a) - 1
@@ -403,7 +403,7 @@ class RangePlan:
         assert all(0 <= i < len(self.ranges) for i in self._complete), "range plan: completed range out of bounds"
 
 
-def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def _merge_intervals(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Sorted [start, stop) intervals with overlapping and touching ones joined."""
     out: list[tuple[int, int]] = []
     for a, b in sorted(intervals):
@@ -466,7 +466,6 @@ EPOCH_FRACTION = 0.5
 # -- open routes ---------------------------------------------------------------------------------
 ROUTE_SERVED = "served"
 ROUTE_PASSTHROUGH = "passthrough"
-PASSTHROUGH_MODES = ("auto", "on", "off")
 
 
 def choose_route(mode: str, kernel_can: bool, source_local: bool) -> str:

@@ -34,6 +34,7 @@ from conftest import FASTFS, rand_bytes, run_cli
 from fastfs.config import schema
 from fastfs.config.loader import load_config
 from fastfs.daemon import mounthelper, service
+from fastfs.daemon.mount import is_fastfs, mounts
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "systemd" / "fastfs@.service"
@@ -57,8 +58,9 @@ CMD_TIMEOUT = 120
 
 # -- helpers -----------------------------------------------------------------------------------
 def _fuse_mounted(mnt: Path) -> int:
-    """FUSE mounts on *mnt*, counting dead ones (os.path.ismount is False on those)."""
-    return service.fuse_mounts_at(service.canonical_mountpoint(str(mnt)))
+    """fastfs mounts stacked on *mnt*, counting dead ones (os.path.ismount is False on those)."""
+    path = service.canonical_mountpoint(str(mnt))
+    return sum(1 for entry in mounts() if entry.mountpoint == path and is_fastfs(entry))
 
 
 def _pids_using(mnt: Path) -> list[int]:
