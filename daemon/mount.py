@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from fastfs.config.loader import ConfigError, load_config, one_line, parse_listen_address
+from fastfs.config.reload import apply_live
 from fastfs.config.schema import Config
 from fastfs.daemon import logsetup, notify
 from fastfs.daemon.control import CONTROL_NAME
@@ -536,33 +537,24 @@ class Daemon:
         except ConfigError as e:
             log.error("reload failed, keeping the running configuration: %s", e)
             return []
+        # What applies live is config/reload.py's table alone: the engine applies its part of it and
+        # names every changed setting that waits for a remount; the daemon applies the rest of it here.
         restart: list[str] = []
-        old = self.config
         if new.source and os.path.realpath(new.source) != self.source:
             restart.append("source")
         if new.mountpoint and os.path.realpath(new.mountpoint) != self.mountpoint:
             restart.append("mountpoint")
-        restart += [
-            f"fuse.{f.name}"
-            for f in dataclasses.fields(new.fuse)
-            if getattr(new.fuse, f.name) != getattr(old.fuse, f.name)
-        ]
-        if new.stats.metrics != old.stats.metrics:
-            restart.append("stats.metrics")
-        if new.log.file != old.log.file:
-            restart.append("log.file")
         new = dataclasses.replace(new, source=self.source, mountpoint=self.mountpoint)
-        reconfigure = getattr(self.engine, "reconfigure", None)
-        if reconfigure is None:
-            log.warning("this engine cannot apply settings live; they take effect on the next mount")
-        else:
-            try:
-                restart += list(reconfigure(new))
-            except Exception as e:  # noqa: BLE001 - a failed reload must not stop the mount
-                log.error("reload failed, keeping the running configuration: %s", one_line(e))
-                return []
-        logsetup.set_level(new.log.level)
-        self.config = new
+        try:
+            restart += self.engine.reconfigure(new)
+        except Exception as e:  # noqa: BLE001 - a failed reload must not stop the mount
+            log.error("reload failed, keeping the running configuration: %s", one_line(e))
+            return []
+        live = apply_live(self.config, new)
+        logsetup.set_level(live.log.level)
+        if self.session is not None:
+            self.session.set_read_timeout(live.readahead.read_timeout)
+        self.config = live
         keys = sorted(set(restart))
         log.info("reloaded; needs restart: %s", ", ".join(keys) if keys else "none")
         return keys

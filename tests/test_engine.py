@@ -418,6 +418,7 @@ def test_reconfigure_changes_budget_and_reports_restart_keys(data_dir, tmp_path)
                 "cache.block_size": "1M",
                 "cache.workers": "4",
                 "state.dir": str(tmp_path / "state"),
+                "cache.check_invariants": "true",
             },
             use_default_path=False,
         )
