@@ -37,6 +37,7 @@ from fastfs.config.schema import Config
 from fastfs.daemon import logsetup, notify
 from fastfs.daemon.control import CONTROL_NAME
 from fastfs.daemon.statscli import summary_line
+from fastfs.fsio.api import EngineAPI
 
 log = logging.getLogger("fastfs.mount")
 
@@ -322,7 +323,7 @@ class Daemon:
         self.overrides = dict(overrides or {})
         self.use_default_path = use_default_path
         self.readiness = readiness or Readiness()
-        self.engine: Any = None
+        self.engine: EngineAPI | None = None
         self.ops: Any = None
         self.metrics_server: Any = None
         self._signals: collections.deque[int] = collections.deque()
