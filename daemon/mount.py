@@ -251,20 +251,16 @@ def unmount(mountpoint: str, lazy: bool = False) -> tuple[int, str]:
     return rc or 1, err or "fusermount3 failed"
 
 
-def force_unmount(mountpoint: str) -> None:
-    """Best effort, for cleaning up a failed start: the fastfs mount on *mountpoint* (if any) is
-    unmounted, lazily when it is busy or dead. Never touches another file system."""
-    if unmount(mountpoint)[0] != 0 and is_fastfs(find_mount(mountpoint)):
-        unmount(mountpoint, lazy=True)
-
-
-def detach_fuse(mountpoint: str) -> None:
-    """Best effort for the FUSE mounts tests and benchmarks make (fastfs, storage emulators, fault
-    injectors): ``fusermount3 -u``, ``fusermount3 -u -z``, ``umount -l`` while *mountpoint* is still a
-    FUSE mount point; never raises, never touches a mount of another kind."""
+def force_unmount(mountpoint: str | os.PathLike[str], any_fuse: bool = False) -> None:
+    """Best effort, never raises: unmount the mount on *mountpoint* while it is still one to touch:
+    ``fusermount3 -u``, then ``fusermount3 -u -z`` (busy), then ``umount -l`` (a dead daemon, no
+    fusermount3). To touch is a fastfs mount (cleaning up a failed start); with *any_fuse* any FUSE
+    mount (tests and benchmarks: storage emulators, fault injectors). A mount of another kind is never
+    touched. The one implementation: tests/conftest.py, tests/faultfs.py and benchmarks/benchkit use it."""
+    path = os.fspath(mountpoint)
     for cmd in (["fusermount3", "-u", "-q"], ["fusermount3", "-u", "-z", "-q"], ["umount", "-l"]):
-        entry = find_mount(mountpoint)
-        if entry is None or not entry.fstype.startswith("fuse"):
+        entry = find_mount(path)
+        if entry is None or not (entry.fstype.startswith("fuse") if any_fuse else is_fastfs(entry)):
             return
         run_quiet([*cmd, entry.mountpoint])
 
