@@ -153,7 +153,7 @@ class KernelOps:
         self.mount_info = dict(mount_info or {})
         self.no_open = bool(fc.no_open if no_open is None else no_open)
         self.session: Any = None
-        self.nodes = NodeTable(engine.lstat("/"))
+        self.nodes = NodeTable(engine.lstat("/"), check_invariants=engine.config.cache.check_invariants)
         self._entry_valid = _split_seconds(fc.entry_timeout)
         self._attr_valid = _split_seconds(fc.attr_timeout)
         self._negative_valid = _split_seconds(fc.negative_timeout)
