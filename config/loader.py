@@ -268,11 +268,12 @@ def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     return nested
 
 
-def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+def _merge_nested(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """*base* with the settings of *extra* laid over it, section by section (nested dicts merged)."""
     out = dict(base)
     for key, value in extra.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(dict(out[key]), value)
+            out[key] = _merge_nested(dict(out[key]), value)
         else:
             out[key] = value
     return out
@@ -356,7 +357,7 @@ def _apply_profile(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         known = ", ".join(PROFILES)
         hint = did_you_mean(str(name), PROFILES)
         raise ConfigError(f"profile: unknown profile {name!r}{hint} (known: {known})", "profile")
-    return _merge(_nest(PROFILES[name].values()), data), name
+    return _merge_nested(_nest(PROFILES[name].values()), data), name
 
 
 def load_with_origins(
@@ -372,7 +373,7 @@ def load_with_origins(
     if file:
         data, positions = _read_file(file)
     if overrides:
-        data = _merge(data, _nest(overrides))
+        data = _merge_nested(data, _nest(overrides))
     overridden = set(overrides or ())
     try:
         data, profile = _apply_profile(data)

@@ -87,6 +87,10 @@ def parse_amount(value: object, key: str) -> Amount:
         raise ConfigValueError(f"{key}: expected a size such as 100G or a share such as 50%, got {value!r}") from e
 
 
+# Values of fuse.passthrough (see its docstring).
+PASSTHROUGH_MODES = ("auto", "on", "off")
+
+
 @dataclass(frozen=True)
 class FuseConfig:
     """Kernel-facing options of the mount."""
@@ -143,7 +147,9 @@ class FuseConfig:
             _check(0 <= getattr(self, name) <= 86400, f"fuse.{name}", "must be between 0 and 86400 seconds")
         _check(0 <= self.read_ahead_kb <= 65536, "fuse.read_ahead_kb", "must be between 0 and 65536")
         _check(1 <= self.threads <= 256, "fuse.threads", "must be between 1 and 256")
-        _check(self.passthrough in ("auto", "on", "off"), "fuse.passthrough", "must be one of auto, on, off")
+        _check(
+            self.passthrough in PASSTHROUGH_MODES, "fuse.passthrough", f"must be one of {', '.join(PASSTHROUGH_MODES)}"
+        )
         _check(0 <= self.request_timeout <= 86400, "fuse.request_timeout", "must be between 0 and 86400 seconds")
         _check(1 <= self.max_pages <= 65535, "fuse.max_pages", "must be between 1 and 65535")
 
@@ -169,6 +175,10 @@ class CacheConfig:
     file_workers: int = 12
     """Source reads of one file that may run at once on each kind of pool worker (demand, prefetch):
     a file whose source hangs holds at most this many, the rest stay for the other files."""
+    check_invariants: bool = False
+    """Debug: check the consistency of the block cache (budget, indexes, pins) and of the kernel's node
+    table after every change and fail the request loudly when it breaks; walks the whole structure each
+    time, so only for tests and bug hunts (``FASTFS_CHECK_INVARIANTS=1`` in the environment does the same)."""
 
     def validate(self) -> None:
         _check(
@@ -320,6 +330,3 @@ class Config:
 
             _check(self.profile in PROFILES, "profile", f"must be one of {', '.join(PROFILES)}")
         _check(self.readahead.max_window <= 1 * GIB, "readahead.max_window", "must be <= 1G")
-
-
-SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}

@@ -26,6 +26,8 @@ STARTUP_TIMEOUT = 60.0
 CHILD_EXIT_TIMEOUT = 10.0
 # Exit status of user errors (argparse uses 2 for usage errors).
 EXIT_ERROR = 1
+# Seconds between `fastfs stats --watch` lines when no interval is given (one line a second reads well).
+DEFAULT_WATCH_INTERVAL = 1.0
 
 
 class CliError(Exception):
@@ -82,10 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--watch",
         nargs="?",
         type=float,
-        const=1.0,
+        const=DEFAULT_WATCH_INTERVAL,
         default=None,
         metavar="SECONDS",
-        help="print per-interval rates every SECONDS (default 1) until Ctrl-C",
+        help=f"print per-interval rates every SECONDS (default {DEFAULT_WATCH_INTERVAL:g}) until Ctrl-C",
     )
     s.add_argument("--top", type=int, metavar="N", help="list the N files with most bytes fetched")
 

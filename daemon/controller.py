@@ -45,6 +45,7 @@ from fastfs.daemon.control import (
     is_control_path,
 )
 from fastfs.fsio.access import Caller
+from fastfs.fsio.api import EngineAPI
 from fastfs.fsio.stats import encode_bounded, redact
 from fastfs.fsio.warm import WarmJobs
 
@@ -67,7 +68,7 @@ class Controller:
 
     def __init__(
         self,
-        engine: Any,
+        engine: EngineAPI,
         mount_info: dict[str, Any] | None = None,
         owner_uid: int | None = None,
         extra: Callable[[], dict[str, Any]] | None = None,

@@ -32,10 +32,12 @@ import time
 from typing import Any
 
 from fastfs.config.loader import ConfigError, load_config, one_line, parse_listen_address
+from fastfs.config.reload import apply_live
 from fastfs.config.schema import Config
 from fastfs.daemon import logsetup, notify
 from fastfs.daemon.control import CONTROL_NAME
 from fastfs.daemon.statscli import summary_line
+from fastfs.fsio.api import EngineAPI
 
 log = logging.getLogger("fastfs.mount")
 
@@ -249,20 +251,16 @@ def unmount(mountpoint: str, lazy: bool = False) -> tuple[int, str]:
     return rc or 1, err or "fusermount3 failed"
 
 
-def force_unmount(mountpoint: str) -> None:
-    """Best effort, for cleaning up a failed start: the fastfs mount on *mountpoint* (if any) is
-    unmounted, lazily when it is busy or dead. Never touches another file system."""
-    if unmount(mountpoint)[0] != 0 and is_fastfs(find_mount(mountpoint)):
-        unmount(mountpoint, lazy=True)
-
-
-def detach_fuse(mountpoint: str) -> None:
-    """Best effort for the FUSE mounts tests and benchmarks make (fastfs, storage emulators, fault
-    injectors): ``fusermount3 -u``, ``fusermount3 -u -z``, ``umount -l`` while *mountpoint* is still a
-    FUSE mount point; never raises, never touches a mount of another kind."""
+def force_unmount(mountpoint: str | os.PathLike[str], any_fuse: bool = False) -> None:
+    """Best effort, never raises: unmount the mount on *mountpoint* while it is still one to touch:
+    ``fusermount3 -u``, then ``fusermount3 -u -z`` (busy), then ``umount -l`` (a dead daemon, no
+    fusermount3). To touch is a fastfs mount (cleaning up a failed start); with *any_fuse* any FUSE
+    mount (tests and benchmarks: storage emulators, fault injectors). A mount of another kind is never
+    touched. The one implementation: tests/conftest.py, tests/faultfs.py and benchmarks/benchkit use it."""
+    path = os.fspath(mountpoint)
     for cmd in (["fusermount3", "-u", "-q"], ["fusermount3", "-u", "-z", "-q"], ["umount", "-l"]):
-        entry = find_mount(mountpoint)
-        if entry is None or not entry.fstype.startswith("fuse"):
+        entry = find_mount(path)
+        if entry is None or not (entry.fstype.startswith("fuse") if any_fuse else is_fastfs(entry)):
             return
         run_quiet([*cmd, entry.mountpoint])
 
@@ -321,7 +319,7 @@ class Daemon:
         self.overrides = dict(overrides or {})
         self.use_default_path = use_default_path
         self.readiness = readiness or Readiness()
-        self.engine: Any = None
+        self.engine: EngineAPI | None = None
         self.ops: Any = None
         self.metrics_server: Any = None
         self._signals: collections.deque[int] = collections.deque()
@@ -536,33 +534,24 @@ class Daemon:
         except ConfigError as e:
             log.error("reload failed, keeping the running configuration: %s", e)
             return []
+        # What applies live is config/reload.py's table alone: the engine applies its part of it and
+        # names every changed setting that waits for a remount; the daemon applies the rest of it here.
         restart: list[str] = []
-        old = self.config
         if new.source and os.path.realpath(new.source) != self.source:
             restart.append("source")
         if new.mountpoint and os.path.realpath(new.mountpoint) != self.mountpoint:
             restart.append("mountpoint")
-        restart += [
-            f"fuse.{f.name}"
-            for f in dataclasses.fields(new.fuse)
-            if getattr(new.fuse, f.name) != getattr(old.fuse, f.name)
-        ]
-        if new.stats.metrics != old.stats.metrics:
-            restart.append("stats.metrics")
-        if new.log.file != old.log.file:
-            restart.append("log.file")
         new = dataclasses.replace(new, source=self.source, mountpoint=self.mountpoint)
-        reconfigure = getattr(self.engine, "reconfigure", None)
-        if reconfigure is None:
-            log.warning("this engine cannot apply settings live; they take effect on the next mount")
-        else:
-            try:
-                restart += list(reconfigure(new))
-            except Exception as e:  # noqa: BLE001 - a failed reload must not stop the mount
-                log.error("reload failed, keeping the running configuration: %s", one_line(e))
-                return []
-        logsetup.set_level(new.log.level)
-        self.config = new
+        try:
+            restart += self.engine.reconfigure(new)
+        except Exception as e:  # noqa: BLE001 - a failed reload must not stop the mount
+            log.error("reload failed, keeping the running configuration: %s", one_line(e))
+            return []
+        live = apply_live(self.config, new)
+        logsetup.set_level(live.log.level)
+        if self.session is not None:
+            self.session.set_read_timeout(live.readahead.read_timeout)
+        self.config = live
         keys = sorted(set(restart))
         log.info("reloaded; needs restart: %s", ", ".join(keys) if keys else "none")
         return keys

@@ -50,7 +50,8 @@ from fastfs.daemon.controller import Controller, is_control_xattr
 from fastfs.daemon.kernel import abi
 from fastfs.daemon.kernel.abi import Op
 from fastfs.daemon.kernel.session import NO_REPLY, Request
-from fastfs.fsio.engine import ReplyParts
+from fastfs.fsio.api import EngineAPI
+from fastfs.fsio.engine import OpenResult, ReplyParts
 from fastfs.fsio.nodes import ROOT_ID, Node, NodeTable, join
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH
 
@@ -144,13 +145,15 @@ class KernelOps:
     ``_next_vfh``, ``_lookups`` and ``lookups_max``; the node table has its own lock; the engine documents its own.
     """
 
-    def __init__(self, engine: Any, mount_info: dict[str, Any] | None = None, no_open: bool | None = None) -> None:
+    def __init__(
+        self, engine: EngineAPI, mount_info: dict[str, Any] | None = None, no_open: bool | None = None
+    ) -> None:
         self.engine = engine
         fc = engine.config.fuse
         self.mount_info = dict(mount_info or {})
         self.no_open = bool(fc.no_open if no_open is None else no_open)
         self.session: Any = None
-        self.nodes = NodeTable(engine.lstat("/"))
+        self.nodes = NodeTable(engine.lstat("/"), check_invariants=engine.config.cache.check_invariants)
         self._entry_valid = _split_seconds(fc.entry_timeout)
         self._attr_valid = _split_seconds(fc.attr_timeout)
         self._negative_valid = _split_seconds(fc.negative_timeout)
@@ -310,7 +313,7 @@ class KernelOps:
             return abi.OPEN_OUT.pack(result.fh, abi.FOPEN_KEEP_CACHE | abi.FOPEN_NOFLUSH, 0)
         raise OSError(errno.EIO, "could not settle the route of an open")
 
-    def _open_version(self, node: Node, flags: int, held: str) -> Any:
+    def _open_version(self, node: Node, flags: int, held: str) -> OpenResult:
         """The engine's open of the node's version; a node never opened whose source changed since
         the lookup is rebound to the version there now (its attributes dropped from the kernel's
         cache first), so an open racing a writer's rename still succeeds; any other mismatch is

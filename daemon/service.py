@@ -210,14 +210,6 @@ def install(args: Any) -> int:
 
 
 # -- ExecStopPost cleanup ---------------------------------------------------------------------
-def fuse_mounts_at(path: str) -> int:
-    """Number of fastfs mounts stacked on *path* (an absolute, symlink-free path); other FUSE file
-    systems are not counted, so the cleanup never detaches them."""
-    from fastfs.daemon.mount import is_fastfs, mounts
-
-    return sum(1 for entry in mounts() if entry.mountpoint == path and is_fastfs(entry))
-
-
 def _is_dead(path: str) -> bool:
     """True when the FUSE mount on *path* has lost its daemon.
 

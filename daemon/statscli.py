@@ -15,11 +15,8 @@ import sys
 import time
 from typing import Any
 
-from fastfs.daemon.control import STATS_RELPATH, STATS_TOP_FILES
-from fastfs.daemon.control import XATTR_STATS as STATS_XATTR
+from fastfs.daemon.control import STATS_RELPATH, STATS_TOP_FILES, XATTR_STATS
 
-# Seconds between --watch lines when no interval is given.
-DEFAULT_WATCH_INTERVAL = 1.0
 # Smallest --watch interval accepted (reading the snapshot is cheap, printing faster is noise).
 MIN_WATCH_INTERVAL = 0.1
 # --watch repeats its header after this many lines.
@@ -199,7 +196,7 @@ def read_snapshot(mountpoint: str) -> dict[str, Any]:
         # the xattr is one consistent snapshot in every mode (with fuse.no_open there is no open
         # to take the file's snapshot at); the file is the fallback
         try:
-            data = os.getxattr(mountpoint, STATS_XATTR)
+            data = os.getxattr(mountpoint, XATTR_STATS)
         except OSError as e:
             if e.errno == errno.ENOTCONN:
                 raise

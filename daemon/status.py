@@ -24,8 +24,9 @@ import threading
 import time
 from typing import Any
 
+from fastfs.daemon.control import XATTR_STATS
 from fastfs.daemon.mount import FSTYPE, MountEntry, mounts
-from fastfs.daemon.statscli import STATS_XATTR, _duration, _pct, human_bytes
+from fastfs.daemon.statscli import _duration, _pct, human_bytes
 
 # Seconds a mount may take to answer its stats request before it is reported unresponsive.
 PROBE_TIMEOUT = 5.0
@@ -102,7 +103,7 @@ def probe(entries: list[MountEntry], timeout: float = PROBE_TIMEOUT) -> list[Mou
 
     def ask(i: int, mnt: str) -> None:
         try:
-            results[i] = json.loads(os.getxattr(mnt, STATS_XATTR))
+            results[i] = json.loads(os.getxattr(mnt, XATTR_STATS))
         except OSError as e:
             results[i] = e
         except ValueError:

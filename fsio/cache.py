@@ -14,14 +14,38 @@ Buffers are anonymous ``mmap`` regions (page-aligned, so ``O_DIRECT`` preads can
 block size. Evicted buffers are kept on a free list, still charged to the budget, and reused: on
 this class of VM faulting in fresh anonymous memory costs more than the pread that fills it.
 
-Concurrency: ``_lock`` guards every table and counter of this class (``_blocks``, ``_consumed``,
-``_by_file``, ``_free``, ``reserved``) and the ``pins``/``state`` fields of blocks. It is never
-held across I/O or while waiting; a block's ``done`` event is set outside it.
+Concurrency (what guards what; the fields say it again):
+
+* ``_lock`` guards every table and counter of the cache (``_blocks``, ``_consumed``, ``_by_file``,
+  ``_free``, ``reserved``, ``budget``) and a block's ``pins``, ``state``, ``length`` and ``errno``:
+  :meth:`complete` and :meth:`fail` write the outcome under it, then set ``done`` outside it. A
+  reader that waited for ``done`` reads the outcome without the lock (``Event.set``/``wait``
+  order the writes before the reads) and so may the filler that wrote it.
+* A block's ``key``, ``start``, ``buf``, ``view``, ``capacity`` and ``prefetched`` never change after
+  :meth:`reserve` made it. ``used`` only goes from False to True, written by a reader copying out of
+  the block (pinned) without the lock; a stale False only counts the block's bytes as prefetch waste.
+  ``job`` is written by the block's filler, read without the lock by a reader deciding whether to
+  promote it (a stale value promotes a job that already runs: :meth:`PreadPool.promote` says no).
+  ``owner`` is set once by a warm before the block can be evicted.
+* :meth:`peek` reads ``_blocks`` without the lock: one dict lookup (atomic under the GIL), an
+  advisory answer (the block may go right after) that the caller never dereferences without a pin.
+
+The lock is never held across I/O or while waiting.
+
+Invariants (:meth:`BlockCache.check_invariants`): ``reserved`` equals the capacities of the blocks
+plus the free buffers and stays within the budget (after a budget cut that pinned and in-flight
+blocks keep from being met at once: within what was charged then, and never growing past the
+budget again); ``_by_file`` and ``_consumed`` index exactly blocks of ``_blocks``; no block is
+FAILED (failed blocks leave the table), pins are >= 0, a ready block's length fits its capacity.
+With ``check_invariants`` (config ``cache.check_invariants`` or ``FASTFS_CHECK_INVARIANTS=1`` in the
+environment) every mutating method runs the check under the lock before releasing it (tests and
+debug mounts; it walks the whole cache, so it is off by default).
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -31,6 +55,13 @@ from fastfs.fsio import stats as m
 PENDING, READY, FAILED = 0, 1, 2
 # Smallest buffer granule: page size, also the O_DIRECT alignment.
 PAGE = 4096
+# Environment variable that turns on the invariant check of every cache (debug mounts, test runs).
+CHECK_ENV = "FASTFS_CHECK_INVARIANTS"
+
+
+def invariant_checks_requested() -> bool:
+    """True when the environment asks for invariant checks (``FASTFS_CHECK_INVARIANTS=1``)."""
+    return os.environ.get(CHECK_ENV, "") not in ("", "0")
 
 
 def round_up(n: int, granule: int = PAGE) -> int:
@@ -40,7 +71,9 @@ def round_up(n: int, granule: int = PAGE) -> int:
 class Block:
     """One cached range of a file version, from file offset ``start``; ``length`` valid bytes live at
     the start of ``buf``. Blocks with index >= 0 hold block ``index`` of the file; negative indexes
-    hold small extra ranges (a format plan's head windows) at any page-aligned ``start``."""
+    hold small extra ranges (a format plan's head windows) at any page-aligned ``start``.
+
+    What guards each field is listed in the module docstring (Concurrency)."""
 
     __slots__ = (
         "key",
@@ -79,16 +112,21 @@ class Block:
 class BlockCache:
     """Budgeted block store shared by every file of a mount."""
 
-    def __init__(self, budget: int, block_size: int, stats: m.Stats) -> None:
-        self.budget = budget
-        self.block_size = block_size
-        self.stats = stats
+    def __init__(self, budget: int, block_size: int, stats: m.Stats, check_invariants: bool = False) -> None:
+        self.budget = budget  # guarded by _lock (set_budget); read unlocked only as an advisory bound
+        # Run check_invariants after every mutating operation (debug); immutable.
+        self.checking = check_invariants or invariant_checks_requested()
+        # Bytes charged when a budget cut could not be met at once (0: none); guarded by _lock.
+        self._over_budget = 0
+        self.block_size = block_size  # immutable
+        self.stats = stats  # internally synchronised
         self._lock = threading.Lock()
+        # All guarded by _lock (peek reads _blocks without it, see the module docstring):
         self._blocks: OrderedDict[tuple, Block] = OrderedDict()  # LRU order, oldest first
         self._consumed: OrderedDict[tuple, None] = OrderedDict()  # drop-behind candidates
-        self._by_file: dict[Hashable, set[int]] = {}
+        self._by_file: dict[Hashable, set[int]] = {}  # file key -> indexes of its blocks in _blocks
         self._free: list[mmap.mmap] = []  # block_size buffers kept for reuse (charged)
-        self.reserved = 0  # bytes charged: blocks (any state) + free buffers
+        self.reserved = 0  # bytes charged: blocks (any state) + free buffers; read unlocked only as a gauge
 
     # -- lookup -----------------------------------------------------------------------------
     def get(self, file_key: Hashable, index: int) -> Block | None:
@@ -99,6 +137,8 @@ class BlockCache:
             if block is not None:
                 self._blocks.move_to_end(key)
                 block.pins += 1
+                if self.checking:
+                    self._check_locked()
             return block
 
     def peek(self, file_key: Hashable, index: int) -> Block | None:
@@ -108,11 +148,15 @@ class BlockCache:
     def unpin(self, block: Block) -> None:
         with self._lock:
             block.pins -= 1
+            if self.checking:
+                self._check_locked()
 
     def pin(self, block: Block) -> None:
         """One more pin of a block the caller already holds pinned (it stays until :meth:`unpin`)."""
         with self._lock:
             block.pins += 1
+            if self.checking:
+                self._check_locked()
 
     # -- reservation --------------------------------------------------------------------------
     def reserve(
@@ -133,6 +177,8 @@ class BlockCache:
             if block is not None:
                 self._blocks.move_to_end(key)
                 block.pins += 1
+                if self.checking:
+                    self._check_locked()
                 return block, False
             buf = None
             if capacity == self.block_size and self._free:
@@ -141,6 +187,8 @@ class BlockCache:
                 buf = self._make_room(capacity, evicted, reuse=capacity == self.block_size)
                 if buf is None:
                     if self.reserved + capacity > self.budget:
+                        if self.checking:
+                            self._check_locked()
                         self._account_evictions(evicted)
                         return None, False
                     self.reserved += capacity
@@ -149,6 +197,8 @@ class BlockCache:
             block.pins = 1
             self._blocks[key] = block
             self._by_file.setdefault(file_key, set()).add(index)
+            if self.checking:
+                self._check_locked()
         self._account_evictions(evicted)
         return block, True
 
@@ -217,9 +267,12 @@ class BlockCache:
     # -- completion ---------------------------------------------------------------------------
     def complete(self, block: Block, length: int) -> None:
         """The block's fill finished with ``length`` valid bytes; wake waiters."""
-        block.length = length
-        block.errno = 0
-        block.state = READY
+        with self._lock:
+            block.length = length
+            block.errno = 0
+            block.state = READY
+            if self.checking:
+                self._check_locked()
         block.done.set()
 
     def fail(self, block: Block, errno_value: int) -> None:
@@ -229,6 +282,8 @@ class BlockCache:
             block.errno = errno_value
             if self._blocks.get(block.key) is block:
                 self._drop(block, keep_buffer=False)
+            if self.checking:
+                self._check_locked()
         block.done.set()
 
     def consumed(self, block: Block) -> None:
@@ -236,6 +291,8 @@ class BlockCache:
         with self._lock:
             if block.key in self._blocks:
                 self._consumed[block.key] = None
+            if self.checking:
+                self._check_locked()
 
     # -- maintenance --------------------------------------------------------------------------
     def invalidate_file(self, file_key: Hashable) -> int:
@@ -249,6 +306,8 @@ class BlockCache:
                         self.stats.add(m.BYTES_PREFETCH_WASTED, block.length)
                     self._drop(block, keep_buffer=False)
                     dropped += 1
+            if self.checking:
+                self._check_locked()
         return dropped
 
     def cached_bytes(self, file_key: Hashable) -> int:
@@ -267,11 +326,11 @@ class BlockCache:
         with self._lock:
             self.budget = budget
             self._make_room(0, evicted, reuse=False)
+            # pinned and in-flight blocks may keep the cut from being met now; the excess only shrinks
+            self._over_budget = self.reserved if self.reserved > budget else 0
+            if self.checking:
+                self._check_locked()
         self._account_evictions(evicted)
-
-    def has_room(self, size: int) -> bool:
-        """Cheap advisory check (no lock) used to skip planning when the budget is clearly full."""
-        return self.reserved + size <= self.budget or bool(self._consumed)
 
     def gauges(self) -> dict[str, int]:
         with self._lock:
@@ -295,6 +354,53 @@ class BlockCache:
             self._consumed.clear()
             self._by_file.clear()
             self.reserved = 0
+            self._over_budget = 0
+            if self.checking:
+                self._check_locked()
+
+    # -- invariants ---------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the first broken invariant (see the module docstring)."""
+        with self._lock:
+            self._check_locked()
+
+    def _check_locked(self) -> None:
+        """:meth:`check_invariants` with the lock held."""
+        bs = self.block_size
+        charged = sum(b.capacity for b in self._blocks.values()) + len(self._free) * bs
+        assert self.reserved == charged, (
+            f"cache: reserved {self.reserved} != {charged} (capacities of {len(self._blocks)} blocks"
+            f" + {len(self._free)} free buffers)"
+        )
+        limit = max(self.budget, self._over_budget)
+        assert self.reserved <= limit, f"cache: reserved {self.reserved} over the budget {self.budget}"
+        buffers = {id(buf) for buf in self._free}
+        assert len(buffers) == len(self._free), "cache: a buffer is twice on the free list"
+        for buf in self._free:
+            assert len(buf) == bs, f"cache: free buffer of {len(buf)} bytes, not the block size {bs}"
+        indexed = 0
+        for key, block in self._blocks.items():
+            assert block.key == key, f"cache: block {block.key!r} filed under {key!r}"
+            file_key, index = key
+            assert index in self._by_file.get(file_key, ()), f"cache: block {key!r} missing from _by_file"
+            assert block.pins >= 0, f"cache: block {key!r} has {block.pins} pins"
+            assert block.state in (PENDING, READY), f"cache: block {key!r} in the table in state {block.state}"
+            assert block.state != PENDING or not block.done.is_set(), f"cache: pending block {key!r} marked done"
+            assert 0 < block.capacity <= bs and block.capacity % PAGE == 0, (
+                f"cache: block {key!r} has capacity {block.capacity}"
+            )
+            assert 0 <= block.length <= block.capacity, (
+                f"cache: block {key!r} holds {block.length} bytes in {block.capacity}"
+            )
+            assert id(block.buf) not in buffers, f"cache: block {key!r} uses a buffer on the free list"
+        for file_key, indexes in self._by_file.items():
+            assert indexes, f"cache: empty index set kept for {file_key!r}"
+            for index in indexes:
+                assert (file_key, index) in self._blocks, f"cache: _by_file names missing block {(file_key, index)!r}"
+            indexed += len(indexes)
+        assert indexed == len(self._blocks), f"cache: _by_file indexes {indexed} of {len(self._blocks)} blocks"
+        for key in self._consumed:
+            assert key in self._blocks, f"cache: consumed mark of missing block {key!r}"
 
 
 def _allocate(capacity: int) -> mmap.mmap:

@@ -49,7 +49,6 @@ locks; no lock is held across I/O or while waiting for a block.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import os
@@ -60,6 +59,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from fastfs.config.reload import apply_live, needs_remount
 from fastfs.config.schema import DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_FRACTION, MIN_BUDGET, Config
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import Block, BlockCache
@@ -133,7 +133,7 @@ class EngineParts:
         except BaseException:
             src.close()
             raise
-        cache = BlockCache(budget, config.cache.block_size, stats)
+        cache = BlockCache(budget, config.cache.block_size, stats, config.cache.check_invariants)
         pool = PreadPool(config.cache.workers, file_workers=config.cache.file_workers)
         return cls(src, cache, pool, disk)
 
@@ -537,47 +537,9 @@ class Engine:
         return snap
 
     def reconfigure(self, config: Config) -> list[str]:
-        """Apply what can change live (budget, read-ahead limits); return keys needing a restart."""
-        old = self.config
-        restart = []
-        checks = {
-            "cache.block_size": (old.cache.block_size, config.cache.block_size),
-            "cache.workers": (old.cache.workers, config.cache.workers),
-            "cache.file_workers": (old.cache.file_workers, config.cache.file_workers),
-            "readahead.source_direct_io": (old.readahead.source_direct_io, config.readahead.source_direct_io),
-            "readahead.source_streams": (old.readahead.source_streams, config.readahead.source_streams),
-            "state.dir": (old.state.dir, config.state.dir),
-            "stats.metrics": (old.stats.metrics, config.stats.metrics),
-            "cache.disk_dir": (old.cache.disk_dir, config.cache.disk_dir),
-            "cache.disk_budget": (old.cache.disk_budget, config.cache.disk_budget),
-            "cache.disk_free_floor": (old.cache.disk_free_floor, config.cache.disk_free_floor),
-            "source": (old.source, config.source),
-            "mountpoint": (old.mountpoint, config.mountpoint),
-        }
-        for name in (
-            "entry_timeout",
-            "attr_timeout",
-            "negative_timeout",
-            "read_ahead_kb",
-            "allow_other",
-            "no_open",
-            "threads",
-            "request_timeout",
-        ):
-            checks[f"fuse.{name}"] = (getattr(old.fuse, name), getattr(config.fuse, name))
-        restart = [key for key, (a, b) in checks.items() if a != b]
-        live = dataclasses.replace(
-            old,
-            cache=dataclasses.replace(old.cache, budget=config.cache.budget),
-            readahead=dataclasses.replace(
-                config.readahead,
-                source_direct_io=old.readahead.source_direct_io,
-                source_streams=old.readahead.source_streams,
-            ),
-            log=config.log,
-            stats=dataclasses.replace(config.stats, metrics=old.stats.metrics),
-            state=dataclasses.replace(config.state, dir=old.state.dir),
-        )
+        """Apply the settings that change live (config/reload.py LIVE); return the changed ones needing a remount."""
+        restart = needs_remount(self.config, config)
+        live = apply_live(self.config, config)
         self.config = live
         self.cache.set_budget(config.cache.budget or default_budget())
         self.fills.reconfigure(live.readahead.read_timeout)

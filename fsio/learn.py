@@ -34,12 +34,16 @@ path, under ``state.dir`` (empty: ``$STATE_DIRECTORY``, else ``/var/lib/fastfs``
 ``state.max_bytes``: directories are kept most recently used first until the next one would not
 fit. Directories with fewer than :data:`MIN_FILES` files are not written. :meth:`~AccessLog.load`
 never raises: a missing file is a fresh start, an unreadable or corrupt one is logged once and
-ignored. Neither method raises on I/O errors; the engine calls :meth:`~AccessLog.save` when
-:attr:`~AccessLog.dirty` and its clock says so (see :meth:`~AccessLog.save_if_due`) and at close.
+ignored. Neither method raises on I/O errors. When to save is the engine's decision alone: its save
+thread calls :meth:`~AccessLog.save` every ``LEARN_SAVE_SECONDS`` while :attr:`~AccessLog.dirty`, and
+once more at close.
 
-Concurrency. ``_lock`` guards every in-memory structure (``_dirs``, the accuracy counters and the
-dirty flag); it is held only for dictionary work, never across file I/O: :meth:`save` copies what
-it needs under the lock and serializes and writes outside it. ``_save_lock`` only orders concurrent
+Concurrency. ``_lock`` guards every in-memory structure (``_dirs`` and each :class:`_Dir` in it,
+``_files``, the accuracy counters ``_planned``/``_hits``, and the ``_dirty`` flag); it
+is held only for dictionary work, never across file I/O: :meth:`save` copies what it needs under the
+lock and serializes and writes outside it. A ``_Dir``'s ``learned`` map is never changed in place
+(only replaced), so a reference taken under the lock can be read after it. :attr:`dirty` reads the
+flag without the lock (a bool; a stale answer only moves a save to the next tick). ``_save_lock`` only orders concurrent
 saves (so an older snapshot never replaces a newer one) and is never taken on the read path.
 """
 
@@ -74,8 +78,6 @@ EPOCH_REPEATS = 4
 # Share of ascending consecutive pairs from which an epoch counts as sorted: a shuffle gives ~0.5, natural
 # numbering (img9, img10, ...) read in order still gives > 0.85 as string comparisons.
 SORTED_PAIR_FRACTION = 0.75
-# Seconds between periodic saves while the log is dirty (a crash loses at most this much learning).
-SAVE_INTERVAL = 60.0
 # Large files whose last load is remembered (a few hundred bytes each in memory, ~100 in the file).
 MAX_FILES = 4096
 # Version of the state file layout; a file with another version is ignored.
@@ -124,10 +126,11 @@ def looks_shuffled(names: list[str]) -> bool:
     return ascending < SORTED_PAIR_FRACTION * (len(names) - 1)
 
 
-def _merge(
+def _merge_passes(
     learned: dict[str, int], learned_shuffled: bool, current: dict[str, int]
 ) -> tuple[list[tuple[str, int]], bool]:
-    """Plan items (learned, then files new in *current*; sorted when shuffled) and the shuffled flag."""
+    """The learned pass merged with the current one: plan items (learned, then files new in *current*;
+    sorted when shuffled) and the shuffled flag."""
     merged = dict(learned)
     for name, size in current.items():
         merged.setdefault(name, size)
@@ -178,7 +181,6 @@ class AccessLog:
         self._dirty = False
         self._planned = 0
         self._hits = 0
-        self._last_save = clock()
 
     # -- recording --------------------------------------------------------------------------------
     def record_open(self, dir_path: str, name: str, size: int) -> bool:
@@ -227,7 +229,7 @@ class AccessLog:
                 return None
             # learned is never mutated in place (only replaced), so a reference is a stable copy.
             learned, learned_shuffled, current = entry.learned, entry.learned_shuffled, dict(entry.current)
-        items, shuffled = _merge(learned, learned_shuffled, current)
+        items, shuffled = _merge_passes(learned, learned_shuffled, current)
         if len(items) < MIN_FILES:
             return None
         with self._lock:
@@ -287,13 +289,6 @@ class AccessLog:
             return len(self._dirs)
 
     # -- persistence ------------------------------------------------------------------------------
-    def save_if_due(self, now: float | None = None) -> bool:
-        """Save when dirty and :data:`SAVE_INTERVAL` seconds passed since the last save."""
-        now = self._clock() if now is None else now
-        if not self._dirty or now - self._last_save < SAVE_INTERVAL:
-            return False
-        return self.save()
-
     def save(self) -> bool:
         """Write the state file atomically, bounded to ``state.max_bytes``; False (logged) on error."""
         with self._save_lock:
@@ -302,10 +297,9 @@ class AccessLog:
                 raw = [(d, e.last_used, e.learned, e.learned_shuffled, dict(e.current)) for d, e in self._dirs.items()]
                 files = list(self._files.items())
                 self._dirty = False
-                self._last_save = self._clock()
             snapshot = []
             for dir_path, last_used, learned, learned_shuffled, current in raw:
-                items, shuffled = _merge(learned, learned_shuffled, current)
+                items, shuffled = _merge_passes(learned, learned_shuffled, current)
                 if len(items) >= MIN_FILES:
                     snapshot.append((dir_path, last_used, shuffled, items))
             text = self._encode(snapshot, files)

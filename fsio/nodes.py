@@ -19,10 +19,14 @@ forgotten id finds nothing instead of another file).
 ``current`` maps each path to the node of the newest version looked up there; older nodes of the
 same path stay reachable by id until the kernel forgets them.
 
-Concurrency: ``_lock`` guards ``_by_id``, ``_current``, ``_next_id`` and every node's ``nlookup``;
-``Node.opens``/``route``/``backing``/``seen`` are guarded by ``_lock`` too (see :meth:`NodeTable.acquire`).
-Reads of ``_by_id`` by id (:meth:`get`) take no lock: a dict lookup is atomic in CPython and a
-node's identity fields are immutable.
+Concurrency: ``_lock`` guards ``_by_id``, ``_current`` and ``_next_id`` (all writes) and every
+node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen`` (read and written
+under it, see :meth:`NodeTable.acquire`), ``version`` and ``st`` (written under it). A node's
+``nodeid``, ``parent``, ``name`` and ``path`` never change. Read without the lock, on purpose:
+``_by_id`` in :meth:`NodeTable.get` and ``_current`` in :meth:`NodeTable.current` (one dict lookup,
+atomic in CPython; a node found may be forgotten right after, which a later request naming it
+would see anyway), and a node's ``st``/``version`` by the operations (one reference read: the
+attributes as of a moment ago, a whole ``stat_result``, never a torn one).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import os
 import stat
 import threading
 
+from fastfs.fsio.cache import invariant_checks_requested
 from fastfs.fsio.source import stat_key
 
 ROOT_ID = 1
@@ -79,8 +84,11 @@ class Node:
 class NodeTable:
     """Node ids of the versions the kernel currently knows (see the module docstring)."""
 
-    def __init__(self, root_st: os.stat_result) -> None:
+    def __init__(self, root_st: os.stat_result, check_invariants: bool = False) -> None:
         self._lock = threading.Lock()
+        # Run check_invariants under the lock after every change (debug: config cache.check_invariants
+        # or FASTFS_CHECK_INVARIANTS=1, as for the block cache); immutable.
+        self.checking = check_invariants or invariant_checks_requested()
         root = Node(ROOT_ID, ROOT_ID, "", "/", root_st)
         root.nlookup = 1  # the kernel never forgets the root
         self.root = root
@@ -111,6 +119,8 @@ class NodeTable:
             elif node.is_dir:
                 node.st = st  # a directory's node outlives changes of its listing: keep its attributes fresh
             node.nlookup += 1
+            if self.checking:
+                self._check_locked()
             return node
 
     def forget(self, nodeid: int, count: int) -> None:
@@ -126,6 +136,8 @@ class NodeTable:
                 del self._by_id[nodeid]
                 if self._current.get(node.path) is node:
                     del self._current[node.path]
+            if self.checking:
+                self._check_locked()
 
     def current(self, path: str) -> Node | None:
         """The node of the newest version looked up at *path* (None if the kernel holds none)."""
@@ -135,6 +147,8 @@ class NodeTable:
         """Newer attributes of the same version (a directory's times, a file's atime)."""
         with self._lock:
             node.st = st
+            if self.checking:
+                self._check_locked()
 
     def rebind(self, node: Node, st: os.stat_result) -> bool:
         """Make a node that was never opened stand for the version *st* describes (the source
@@ -147,6 +161,8 @@ class NodeTable:
             node.version, node.st = version_of(st), st
             if self._by_id.get(node.nodeid) is node:
                 self._current[node.path] = node
+            if self.checking:
+                self._check_locked()
             return True
 
     def acquire(self, node: Node, route: str) -> tuple[str, int]:
@@ -161,6 +177,8 @@ class NodeTable:
                 node.route, node.backing = route, 0
             node.opens += 1
             node.seen = True
+            if self.checking:
+                self._check_locked()
             return node.route, node.backing
 
     def attach_backing(self, node: Node, backing: int) -> int:
@@ -169,6 +187,8 @@ class NodeTable:
         with self._lock:
             if not node.backing:
                 node.backing = backing
+            if self.checking:
+                self._check_locked()
             return node.backing
 
     def released(self, node: Node) -> int:
@@ -176,19 +196,43 @@ class NodeTable:
         with self._lock:
             node.opens -= 1
             if node.opens > 0:
+                if self.checking:
+                    self._check_locked()
                 return 0
             backing, node.backing, node.route = node.backing, 0, ""
+            if self.checking:
+                self._check_locked()
             return backing
 
     def check_invariants(self) -> None:
-        """Raise AssertionError if the table is inconsistent (tests and debug mounts)."""
+        """Raise AssertionError naming the first broken invariant (tests and debug mounts): every node
+        filed under its own id, ids below the counter, counts positive (the root's too) and opens >= 0,
+        a route exactly while handles are open, a backing id only on the passthrough route and only
+        while open, an open node marked seen, a file's version the one its attributes name, and
+        ``_current`` naming live nodes of their own path."""
         with self._lock:
-            assert self._by_id.get(ROOT_ID) is self.root
-            for nodeid, node in self._by_id.items():
-                assert node.nodeid == nodeid
-                assert nodeid == ROOT_ID or FIRST_ID <= nodeid < self._next_id
-                assert node.nlookup > 0, f"node {nodeid} kept without references"
-                assert node.opens >= 0
-                assert (node.opens == 0) == (node.route == "") and (node.backing == 0 or node.route == "passthrough")
-            for path, node in self._current.items():
-                assert node.path == path and self._by_id.get(node.nodeid) is node
+            self._check_locked()
+
+    def _check_locked(self) -> None:
+        """:meth:`check_invariants` with the lock held."""
+        assert self._by_id.get(ROOT_ID) is self.root, "nodes: the root is not filed under its id"
+        for nodeid, node in self._by_id.items():
+            assert node.nodeid == nodeid, f"nodes: node {node.nodeid} filed under id {nodeid}"
+            assert nodeid == ROOT_ID or FIRST_ID <= nodeid < self._next_id, (
+                f"nodes: id {nodeid} outside [{FIRST_ID}, {self._next_id})"
+            )
+            assert node.nlookup > 0, f"nodes: node {nodeid} kept without references"
+            assert node.opens >= 0, f"nodes: node {nodeid} has {node.opens} opens"
+            assert (node.opens == 0) == (node.route == ""), (
+                f"nodes: node {nodeid} has {node.opens} opens on route {node.route!r}"
+            )
+            assert node.backing == 0 or (node.route == "passthrough" and node.opens > 0), (
+                f"nodes: node {nodeid} holds backing id {node.backing} on route {node.route!r}"
+            )
+            assert node.opens == 0 or node.seen, f"nodes: open node {nodeid} not marked seen"
+            assert nodeid == ROOT_ID or node.version == version_of(node.st), (
+                f"nodes: node {nodeid}'s attributes name another version than {node.version!r}"
+            )
+        for path, node in self._current.items():
+            assert node.path == path, f"nodes: {path!r} names node {node.nodeid} of {node.path!r}"
+            assert self._by_id.get(node.nodeid) is node, f"nodes: {path!r} names forgotten node {node.nodeid}"

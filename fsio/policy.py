@@ -356,7 +356,7 @@ class RangePlan:
             fresh.append((cursor, hi))
         if not fresh:
             return []
-        self._released = _merge([*self._released, (lo, hi)])
+        self._released = _merge_intervals([*self._released, (lo, hi)])
         out: list[tuple[int, int]] = []
         for a, b in fresh:
             i = bisect.bisect_right(self._plan_starts, a) - 1
@@ -378,8 +378,33 @@ class RangePlan:
     def released_bytes(self) -> int:
         return sum(b - a for a, b in self._released)
 
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the first broken invariant: ranges non-empty and their plan
+        positions cumulative, the released intervals sorted, disjoint, non-touching and inside the
+        plan, runs inside the plan and at most :data:`MAX_RUNS`, completed ranges real ones."""
+        pos = 0
+        for i, ((start, length), plan_start) in enumerate(zip(self.ranges, self._plan_starts, strict=True)):
+            assert length > 0 and start >= 0, f"range plan: range {i} is ({start}, {length})"
+            assert plan_start == pos, f"range plan: range {i} at plan position {plan_start}, expected {pos}"
+            pos += length
+        assert self.total == pos, f"range plan: total {self.total} != {pos} bytes of ranges"
+        assert self._offsets == sorted(start for start, _ in self.ranges), "range plan: offset index out of date"
+        last = -1
+        for a, b in self._released:
+            assert 0 <= a < b <= self.total, f"range plan: released [{a}, {b}) outside [0, {self.total})"
+            assert a > last, f"range plan: released intervals not sorted and merged at [{a}, {b})"
+            last = b
+        assert self.read >= 0, f"range plan: read {self.read}"
+        assert len(self._runs) <= MAX_RUNS, f"range plan: {len(self._runs)} runs tracked, at most {MAX_RUNS}"
+        for run in self._runs:
+            assert 0 <= run.start <= run.end <= self.total, f"range plan: run [{run.start}, {run.end}) outside the plan"
+            assert 0 <= run.first_range < len(self.ranges), f"range plan: run begins in range {run.first_range}"
+        assert len(self._complete) <= MAX_COMPLETE_TRACKED, "range plan: too many completed ranges tracked"
+        assert all(0 <= i < len(self.ranges) for i in self._complete), "range plan: completed range out of bounds"
 
-def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+
+def _merge_intervals(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted [start, stop) intervals with overlapping and touching ones joined."""
     out: list[tuple[int, int]] = []
     for a, b in sorted(intervals):
         if out and a <= out[-1][1]:
@@ -441,7 +466,6 @@ EPOCH_FRACTION = 0.5
 # -- open routes ---------------------------------------------------------------------------------
 ROUTE_SERVED = "served"
 ROUTE_PASSTHROUGH = "passthrough"
-PASSTHROUGH_MODES = ("auto", "on", "off")
 
 
 def choose_route(mode: str, kernel_can: bool, source_local: bool) -> str:

@@ -16,9 +16,12 @@ that finishes a job of the group runs the next parked one. So a file whose sourc
 at most ``file_workers`` workers of each kind; its other reads wait without holding any, and every
 other file keeps the rest.
 
-Concurrency: ``_lock`` guards the prefetch deque, ``_stopping`` and the idle count; ``_general``
-is a condition on it. The demand queue is internally synchronised. ``_group_lock`` guards the
-``running`` and ``parked`` fields of every group. Jobs run without any lock.
+Concurrency: ``_lock`` guards the prefetch deque and ``_stopping``; ``_general`` is a condition on
+it that idle general workers wait on. The demand queue is internally synchronised. ``_group_lock``
+guards the ``running`` and ``parked`` fields of every group. Jobs run without any lock. Read
+without a lock, on purpose: ``_stopping`` in :meth:`PreadPool._run` (a bool that only goes True; a
+stale False runs one more parked job of a closing pool) and the deque length in
+:meth:`PreadPool.queued` (a gauge). ``workers``, ``file_limit`` and ``prefetch_limit`` never change.
 """
 
 from __future__ import annotations
@@ -70,8 +73,8 @@ class PreadPool:
         self.file_limit = (max(1, min(per_file, demand_workers)), max(1, min(per_file, workers)))
         self._general = threading.Condition(self._lock)
         self._demand: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._prefetch: deque[Job] = deque()
-        self._stopping = False
+        self._prefetch: deque[Job] = deque()  # guarded by _lock
+        self._stopping = False  # guarded by _lock (written); see the module docstring for unlocked reads
         self.workers = workers
         self.prefetch_limit = PREFETCH_QUEUE_PER_WORKER * workers
         self._threads = [

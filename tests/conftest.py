@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from fastfs.daemon.mount import detach_fuse, unescape_field
+from fastfs.daemon import mount as daemon_mount
+from fastfs.daemon.control import XATTR_STATS
+from fastfs.daemon.mount import unescape_field
 
 FASTFS = [sys.executable, "-m", "fastfs"]
 # Seconds a daemon gets to exit after SIGTERM before it is unmounted and killed.
@@ -92,8 +94,8 @@ def is_mounted(path: str | os.PathLike) -> bool:
 
 
 def force_unmount(path: str | os.PathLike) -> None:
-    """Unmount the FUSE mount at *path* while it is one (fusermount3 -u, -u -z, umount -l)."""
-    detach_fuse(os.path.realpath(path))
+    """Unmount the FUSE mount at *path* while it is one: fastfs.daemon.mount.force_unmount, for any FUSE."""
+    daemon_mount.force_unmount(path, any_fuse=True)
 
 
 # -- mounting -------------------------------------------------------------------------------------
@@ -110,7 +112,7 @@ class Mount:
     def stats(self) -> dict:
         """A JSON snapshot of the mount's stats (the root's ``user.fastfs.stats`` xattr: consistent
         in every mode; MNT/.fastfs/stats holds the same document)."""
-        return json.loads(os.getxattr(self.mnt, "user.fastfs.stats"))
+        return json.loads(os.getxattr(self.mnt, XATTR_STATS))
 
     def log(self) -> str:
         """The daemon's log so far."""

@@ -215,10 +215,10 @@ def is_mounted(path: str) -> bool:
 
 
 def force_unmount(path: str) -> None:
-    """Unmount *path* if it is a FUSE mount (the one helper of fastfs.daemon.mount)."""
-    from fastfs.daemon.mount import detach_fuse
+    """Unmount *path* if it is a FUSE mount: fastfs.daemon.mount.force_unmount, for any FUSE."""
+    from fastfs.daemon import mount
 
-    detach_fuse(path)
+    mount.force_unmount(path, any_fuse=True)
 
 
 class FaultFS:

@@ -340,6 +340,28 @@ def test_umount_leaves_other_fuse_file_systems_alone(tmp_path: Path) -> None:
             assert (other / "f").read_bytes() == b"still here"
 
 
+def test_force_unmount_is_one_function_for_fastfs_and_for_any_fuse(tmp_path: Path, populated: Path, mnt: Path) -> None:
+    """fastfs.daemon.mount.force_unmount: by default only a fastfs mount (the daemon's cleanup of a
+    failed start), with any_fuse any FUSE mount (what tests and benchmarks clean up with)."""
+    from faultfs import faultfs_mounted
+
+    from fastfs.daemon.mount import force_unmount as daemon_force_unmount
+
+    backing, other = tmp_path / "backing", tmp_path / "other"
+    backing.mkdir()
+    other.mkdir()
+    (backing / "f").write_bytes(b"still here")
+    with faultfs_mounted(backing, other, tmp_path / "faultfs-work"):
+        daemon_force_unmount(other)
+        assert is_mounted(other) and (other / "f").read_bytes() == b"still here"
+        daemon_force_unmount(other, any_fuse=True)
+        assert not is_mounted(other)
+    with mounted(populated, mnt) as m:
+        daemon_force_unmount(mnt)
+        assert not is_mounted(mnt)
+        assert m.proc.wait(timeout=WAIT) == 0, m.log()
+
+
 def test_unmount_right_after_mounting_is_a_clean_stop(populated: Path, mnt: Path) -> None:
     # An unmount that lands before the daemon's own readiness poll sees the mount still ends in
     # exit 0: the mount was live (the kernel's INIT only reaches a mounted file system).

@@ -23,7 +23,12 @@ MIB = 1024 * 1024
 
 
 def make_engine(src, tmp_path, **overrides) -> Engine:
-    opts = {"cache.budget": "32M", "cache.block_size": "1M", "state.dir": str(tmp_path / "state")}
+    opts = {
+        "cache.budget": "32M",
+        "cache.block_size": "1M",
+        "state.dir": str(tmp_path / "state"),
+        "cache.check_invariants": "true",  # every cache change of every engine test is checked
+    }
     opts.update(overrides)
     return Engine(str(src), load_config(overrides=opts, use_default_path=False))
 
@@ -171,7 +176,7 @@ def test_budget_full_declines_prefetch_but_demand_reads_go(data_dir, tmp_path):
 
 def test_cache_eviction_prefers_consumed_blocks_and_counts_waste():
     stats = m.Stats()
-    cache = BlockCache(4 * MIB, MIB, stats)
+    cache = BlockCache(4 * MIB, MIB, stats, check_invariants=True)
     blocks = []
     for i in range(4):
         b, _ = cache.reserve(("f",), i, MIB, prefetched=True)
@@ -192,7 +197,7 @@ def test_cache_eviction_prefers_consumed_blocks_and_counts_waste():
 
 
 def test_pending_and_pinned_blocks_are_never_evicted():
-    cache = BlockCache(2 * MIB, MIB, m.Stats())
+    cache = BlockCache(2 * MIB, MIB, m.Stats(), check_invariants=True)
     a, _ = cache.reserve(("f",), 0, MIB, prefetched=False)  # pending, pinned
     b, _ = cache.reserve(("f",), 1, MIB, prefetched=False)
     cache.complete(b, MIB)  # ready but pinned
@@ -407,7 +412,11 @@ def test_file_read_whole_is_released_whole_at_open_next_time(data_dir, tmp_path)
         planned(second, r.fh)
         counters = second.snapshot()["counters"]
         assert counters[m.LEARNED_WHOLE] == 1
-        assert counters[m.BYTES_FETCHED_PREFETCH] >= len(expected) - 2 * MIB  # queued at open, no read yet
+        # queued at open, no read yet: the fills complete on the pool (counted then), so wait for them
+        deadline = time.monotonic() + 30
+        while second.snapshot()["counters"][m.BYTES_FETCHED_PREFETCH] < len(expected) - 2 * MIB:
+            assert time.monotonic() < deadline, second.snapshot()["counters"]
+            time.sleep(0.02)
         assert read_all(second, r.fh, len(expected), MIB) == expected
         second.release(r.fh)
         r = second.open("/lazy.npy")  # read lazily last time: the cautious plan
@@ -427,6 +436,7 @@ def test_reconfigure_changes_budget_and_reports_restart_keys(data_dir, tmp_path)
                 "cache.block_size": "1M",
                 "cache.workers": "4",
                 "state.dir": str(tmp_path / "state"),
+                "cache.check_invariants": "true",
             },
             use_default_path=False,
         )

@@ -246,3 +246,22 @@ class NodeMachine(RuleBasedStateMachine):
 
 TestNodeMachine = NodeMachine.TestCase
 TestNodeMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_node_table_checks_itself_after_every_change_when_asked(tmp_path):
+    """With checking on, a change that breaks an invariant fails inside the call, under the lock."""
+    table = NodeTable(os.lstat(tmp_path), check_invariants=True)
+    (tmp_path / "f").write_bytes(b"x")
+    node = table.lookup(table.root, "f", os.lstat(tmp_path / "f"))
+    assert table.acquire(node, "served") == ("served", 0)
+    assert table.released(node) == 0
+    with pytest.raises(AssertionError, match="opens"):
+        table.released(node)  # one release too many
+    node.opens = 0
+    table.check_invariants()
+    unchecked = NodeTable(os.lstat(tmp_path))
+    if not unchecked.checking:  # FASTFS_CHECK_INVARIANTS unset: no check inside the call
+        other = unchecked.lookup(unchecked.root, "f", os.lstat(tmp_path / "f"))
+        unchecked.released(other)
+        with pytest.raises(AssertionError, match="opens"):
+            unchecked.check_invariants()

@@ -427,18 +427,17 @@ def test_save_creates_state_dir_and_replaces_atomically(tmp_path: Path) -> None:
     assert sorted(os.listdir(state)) == [os.path.basename(log.path)]
 
 
-def test_save_if_due(tmp_path: Path) -> None:
-    clock = Clock()
-    log = make_log(tmp_path, clock=clock)
-    assert log.save_if_due() is False  # not dirty
+def test_dirty_tells_the_engine_when_to_save(tmp_path: Path) -> None:
+    """The engine's save thread saves while ``dirty`` (learn.py keeps no timer of its own)."""
+    log = make_log(tmp_path)
+    assert log.dirty is False
     for n in names(10):
         log.record_open("/d", n, 1)
-    assert log.save_if_due() is False  # too early
-    clock.tick(learn.SAVE_INTERVAL)
-    assert log.save_if_due() is True
-    assert os.path.exists(log.path)
-    clock.tick(learn.SAVE_INTERVAL)
-    assert log.save_if_due() is False  # saved, nothing new
+    assert log.dirty is True
+    assert log.save() is True and os.path.exists(log.path)
+    assert log.dirty is False  # saved, nothing new
+    log.record_open("/d", "new", 1)
+    assert log.dirty is True
 
 
 def test_bound_keeps_most_recent_directories(tmp_path: Path) -> None:

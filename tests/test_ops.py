@@ -41,7 +41,13 @@ def tree(tmp_path: Path) -> Path:
 def make_engine(tree: Path, **overrides: str) -> Engine:
     config = load_config(
         None,
-        {"cache.budget": "64M", "readahead.learn": "false", "fuse.passthrough": "off", **overrides},
+        {
+            "cache.budget": "64M",
+            "readahead.learn": "false",
+            "fuse.passthrough": "off",
+            "cache.check_invariants": "true",  # cache and node table checked after every change
+            **overrides,
+        },
         use_default_path=False,
     )
     return Engine(str(tree), config)

@@ -238,9 +238,12 @@ def test_range_plan_sequential_pass_is_released_ahead_in_order():
 @example(ranges=[(10, 5), (0, 10), (15, 5)], lead=20, reads=[])  # out of file order, touching
 def test_range_plan_never_releases_twice_or_outside(ranges, lead, reads):
     plan = RangePlan(tuple(ranges), lead, max_lead=64 * MIB)
+    plan.check_invariants()
     released = list(plan.advance())
+    plan.check_invariants()
     for offset, size in reads:
         released += plan.advance(offset, offset + size)
+        plan.check_invariants()
     total = sum(stop - start for start, stop in released)
     assert total <= plan.total
     assert total == plan.released_bytes
@@ -319,6 +322,7 @@ def test_tensors_read_whole_out_of_file_order_release_the_whole_plan() -> None:
     for tensor in (5, 2, 11):  # model order
         for off in range(tensor * size, (tensor + 1) * size, MIB):
             released += plan.advance(off, off + MIB)
+            plan.check_invariants()
     assert plan.whole
     covered = _merge_ranges([(0, size), *released])
     assert covered == [(0, 16 * size)]
@@ -341,3 +345,15 @@ def _merge_ranges(ranges):
         else:
             out.append((a, b))
     return out
+
+
+def test_range_plan_check_names_the_broken_invariant() -> None:
+    plan = RangePlan(((0, 10 * MIB), (20 * MIB, 10 * MIB)), lead=4 * MIB)
+    plan.advance()
+    plan.check_invariants()
+    plan._released.append((MIB, 2 * MIB))  # overlaps the lead already released
+    with pytest.raises(AssertionError, match="released intervals not sorted"):
+        plan.check_invariants()
+    plan._released = [(0, 40 * MIB)]
+    with pytest.raises(AssertionError, match="outside"):
+        plan.check_invariants()

@@ -147,7 +147,7 @@ def test_print_config_validates_a_config_file(tmp_path):
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.strip() == (
         f"fastfs: error: {bad}:4: cache.bugdet: unknown key; did you mean budget? "
-        "(known: block_size, budget, disk_budget, disk_dir, disk_free_floor, file_workers, workers)"
+        "(known: block_size, budget, check_invariants, disk_budget, disk_dir, disk_free_floor, file_workers, workers)"
     )
 
 

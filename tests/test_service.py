@@ -34,6 +34,7 @@ from conftest import FASTFS, rand_bytes, run_cli
 from fastfs.config import schema
 from fastfs.config.loader import load_config
 from fastfs.daemon import mounthelper, service
+from fastfs.daemon.mount import force_unmount, is_fastfs, mounts
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "systemd" / "fastfs@.service"
@@ -57,8 +58,9 @@ CMD_TIMEOUT = 120
 
 # -- helpers -----------------------------------------------------------------------------------
 def _fuse_mounted(mnt: Path) -> int:
-    """FUSE mounts on *mnt*, counting dead ones (os.path.ismount is False on those)."""
-    return service.fuse_mounts_at(service.canonical_mountpoint(str(mnt)))
+    """fastfs mounts stacked on *mnt*, counting dead ones (os.path.ismount is False on those)."""
+    path = service.canonical_mountpoint(str(mnt))
+    return sum(1 for entry in mounts() if entry.mountpoint == path and is_fastfs(entry))
 
 
 def _pids_using(mnt: Path) -> list[int]:
@@ -79,14 +81,10 @@ def _pids_using(mnt: Path) -> list[int]:
 
 def _force_unmount(mnt: Path) -> None:
     """Remove every mount on *mnt*, live or dead, then kill daemons still naming it."""
-    for _ in range(service.MAX_STACKED_MOUNTS):
+    for _ in range(service.MAX_STACKED_MOUNTS):  # one layer at a time
         if not _fuse_mounted(mnt):
             break
-        for cmd in (["fusermount3", "-u", str(mnt)], ["umount", "-l", str(mnt)]):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                subprocess.run(cmd, capture_output=True, timeout=CMD_TIMEOUT)
-            if not _fuse_mounted(mnt):
-                break
+        force_unmount(mnt, any_fuse=True)
     for pid in _pids_using(mnt):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

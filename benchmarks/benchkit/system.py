@@ -34,10 +34,11 @@ def is_mounted(path: str) -> bool:
 
 
 def force_unmount(path: str) -> None:
-    """Unmount the FUSE mount at *path* while it is one; never raises (fastfs's one helper)."""
-    from fastfs.daemon.mount import detach_fuse
+    """Unmount the FUSE mount at *path* while it is one; never raises: fastfs.daemon.mount.force_unmount,
+    for any FUSE (emulators too)."""
+    from fastfs.daemon import mount
 
-    detach_fuse(path)
+    mount.force_unmount(path, any_fuse=True)
 
 
 def mountpoint(name: str) -> str:

@@ -187,7 +187,8 @@ class Session:
         self.wishes = wishes
         self.threads = threads
         self.request_timeout = request_timeout
-        self.read_deadline = read_timeout + READ_MARGIN if read_timeout else 0.0
+        self.read_deadline = 0.0  # read by the watchdog without a lock (one float); see set_read_timeout
+        self.set_read_timeout(read_timeout)
         self.name = name
         self.on_abandon = on_abandon  # (opcode, request body) of a request the watchdog answered
         self.negotiated: Negotiated | None = None
@@ -203,6 +204,12 @@ class Session:
         self._closed = False
 
     # -- startup --------------------------------------------------------------------------------
+
+    def set_read_timeout(self, read_timeout: float) -> None:
+        """The engine's read_timeout (0: none) changed: READs are answered by the watchdog past it plus
+        :data:`READ_MARGIN` (a reload applies it live)."""
+        self.read_deadline = read_timeout + READ_MARGIN if read_timeout else 0.0
+
     def start(self, on_init: Callable[[Negotiated], None] | None = None) -> Negotiated:
         """Answer INIT on the connection, then start the workers and the watchdog.
 

@@ -1,0 +1,84 @@
+"""The typed engine interface: exactly what the daemon (``fastfs.daemon``) calls on the engine.
+
+The daemon is a thin adapter (kernel requests in, engine calls out); it codes against
+:class:`EngineAPI`, not against :class:`~fastfs.fsio.engine.Engine` and not against ``Any``, so the
+engine's parts can move behind the facade without the adapter noticing, and a test
+(tests/test_api.py) holds the real engine to this protocol: every member exists on ``Engine``, with
+the same parameters. A member belongs here when, and only when, something under ``daemon/`` uses it
+(warm jobs, which run inside the engine's package, use the engine itself).
+
+Paths are the mount's paths (``/`` is the source root). Errors are ``OSError`` with the errno the
+caller should answer.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from fastfs.config.schema import Config
+    from fastfs.fsio.engine import OpenResult, ReplyParts
+    from fastfs.fsio.source import FileKey
+
+
+@runtime_checkable
+class EngineAPI(Protocol):
+    """The operations and the few attributes the daemon uses (see the module docstring)."""
+
+    config: Config
+    """The running configuration (what a reload applied live included)."""
+    passthrough_available: bool
+    """Set by the daemon: the kernel connection can hand opens to the kernel (passthrough)."""
+    inline_reads: bool
+    """Set by the daemon: a watchdog bounds every request, so small exact reads may run on the caller's thread."""
+
+    # -- metadata ---------------------------------------------------------------------------------
+    def lstat(self, path: str) -> os.stat_result: ...
+
+    def lstat_many(self, paths: list[str]) -> list[os.stat_result | None]: ...
+
+    def scandir(self, path: str) -> list[tuple[str, int, int]]: ...
+
+    def readlink(self, path: str) -> str: ...
+
+    def statvfs(self) -> os.statvfs_result: ...
+
+    def access(self, path: str, mode: int) -> None: ...
+
+    def getxattr(self, path: str, name: str) -> bytes: ...
+
+    def listxattr(self, path: str) -> list[str]: ...
+
+    # -- files ------------------------------------------------------------------------------------
+    def open(
+        self,
+        path: str,
+        flags: int = os.O_RDONLY,
+        expect: FileKey | None = None,
+        cached: bool = False,
+        held_route: str = "",
+    ) -> OpenResult: ...
+
+    def read_into(
+        self,
+        fh: int,
+        offset: int,
+        dest: memoryview,
+        path: str | None = None,
+        expect: FileKey | None = None,
+        parts: ReplyParts | None = None,
+    ) -> int: ...
+
+    def release_parts(self, parts: ReplyParts) -> None: ...
+
+    def abandoned_read(self, fh: int) -> None: ...
+
+    def release(self, fh: int) -> None: ...
+
+    # -- control ----------------------------------------------------------------------------------
+    def snapshot(self, top: int = 10) -> dict[str, Any]: ...
+
+    def reconfigure(self, config: Config) -> list[str]: ...
+
+    def close(self) -> None: ...
