@@ -176,9 +176,10 @@ class CacheConfig:
     """Source reads of one file that may run at once on each kind of pool worker (demand, prefetch):
     a file whose source hangs holds at most this many, the rest stay for the other files."""
     check_invariants: bool = False
-    """Debug: check the consistency of the block cache (budget, indexes, pins) and of the kernel's node
-    table after every change and fail the request loudly when it breaks; walks the whole structure each
-    time, so only for tests and bug hunts (``FASTFS_CHECK_INVARIANTS=1`` in the environment does the same)."""
+    """Debug: check the consistency of the block cache (budget, indexes, pins), the engine's handle table,
+    format range plans and the kernel's node table after every change and fail the request loudly when
+    it breaks; walks the whole structure each time, so only for tests and bug hunts
+    (``FASTFS_CHECK_INVARIANTS=1`` in the environment does the same)."""
 
     def validate(self) -> None:
         _check(

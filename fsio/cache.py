@@ -48,7 +48,8 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
 
 from fastfs.fsio import stats as m
 
@@ -68,10 +69,19 @@ def round_up(n: int, granule: int = PAGE) -> int:
     return (n + granule - 1) // granule * granule
 
 
+class BlockFill(Protocol):
+    """The fill of one block while it is queued or running (``Block.job``): a
+    :class:`~fastfs.fsio.fills.Preads` or a :class:`~fastfs.fsio.disktier.DiskFill`."""
+
+    demand: bool  # the priority its jobs were queued with
+    jobs: Sequence[Callable[[], None]]  # its pool jobs (promoted when a reader waits for a prefetch)
+
+
 class Block:
     """One cached range of a file version, from file offset ``start``; ``length`` valid bytes live at
-    the start of ``buf``. Blocks with index >= 0 hold block ``index`` of the file; negative indexes
-    hold small extra ranges (a format plan's head windows) at any page-aligned ``start``.
+    the start of ``buf``. A block keyed by a file key holds block ``index`` of that file; one keyed by
+    a :class:`~fastfs.fsio.source.HeadKey` holds a small extra range (a format plan's head window
+    number ``index``) at any page-aligned ``start``.
 
     What guards each field is listed in the module docstring (Concurrency)."""
 
@@ -105,7 +115,7 @@ class Block:
         self.prefetched = prefetched
         self.used = False
         self.pins = 0
-        self.job: object | None = None  # the queued fill, so a waiting reader can promote it
+        self.job: BlockFill | None = None  # the queued fill, so a waiting reader can promote it
         self.owner: object | None = None  # a warm that wants to hear of its eviction (``owner.evicted(n)``)
 
 
@@ -316,7 +326,7 @@ class BlockCache:
             total = 0
             for index in self._by_file.get(file_key, ()):
                 block = self._blocks.get((file_key, index))
-                if index >= 0 and block is not None and block.state == READY:
+                if block is not None and block.state == READY:
                     total += block.length
             return total
 

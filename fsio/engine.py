@@ -264,6 +264,8 @@ class Engine:
         else:
             self.stats.add(m.OPENS)
             self._after_open(path, entry, probe=not cached)
+        if self.cache.checking:  # debug switch (cache.check_invariants): the handle table after a change
+            self.handles.check_invariants()
         return OpenResult(fh, route, backing_fd, entry.key, entry.st)
 
     def _acquire_entry(
@@ -329,6 +331,8 @@ class Engine:
 
     def release(self, fh: int) -> None:
         released = self.handles.release(fh)
+        if self.cache.checking:  # debug switch (cache.check_invariants): the handle table after a change
+            self.handles.check_invariants()
         if released is None:
             return
         if released.disk_fd >= 0:

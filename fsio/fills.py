@@ -38,8 +38,7 @@ import errno
 import functools
 import mmap
 import time
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable
 
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import READY, Block, BlockCache, round_up
@@ -69,14 +68,6 @@ STUCK_PROBE_SECONDS = 5.0
 # Seconds a read of such a file waits for the stuck reads to return before it fails (a source that
 # has just come back answers them within milliseconds).
 UNSTUCK_WAIT = 0.25
-
-
-class BlockFill(Protocol):
-    """The fill of one block while it is queued or running (``Block.job``): a :class:`Preads` or a
-    :class:`~fastfs.fsio.disktier.DiskFill`."""
-
-    demand: bool  # the priority its jobs were queued with
-    jobs: Sequence[Callable[[], None]]  # its pool jobs (promoted when a reader waits for a prefetch)
 
 
 def retry_wait(timeout: float | None, retry: bool) -> float | None:
@@ -250,7 +241,7 @@ class Fills:
         as a stuck read of the file)."""
         if self.fail_fast(entry):
             self._failed_fast(entry)
-        fill: BlockFill | None = block.job  # (cache.py types Block.job as object; it holds a BlockFill)
+        fill = block.job
         if fill is not None and not fill.demand:
             for job in fill.jobs:
                 self.pool.promote(job)

@@ -182,6 +182,8 @@ class FormatProbe:
         with entry.lock:
             entry.range_plan = RangePlan(tuple(plan.ranges), lead, max_lead, whole=whole)
             ranges = entry.range_plan.advance()
+            if self.cache.checking:  # debug switch (cache.check_invariants)
+                entry.range_plan.check_invariants()
         self.fills.prefetch(entry, ranges)
 
     def _cached_range(self, entry: FileEntry, offset: int, length: int) -> bytes | None:

@@ -152,6 +152,8 @@ class ReadPath:
             if planned:
                 ranges = range_plan.advance(offset, end)
                 confirmed = range_plan.confirmed
+                if self.cache.checking:  # debug switch (cache.check_invariants): the plan's own check
+                    range_plan.check_invariants()
             elif entry.planning and plan.prefetch and offset == 0:
                 # the bet on a read from offset 0 waits for the format plan being made now
                 ranges = []

@@ -117,3 +117,21 @@ def test_scan_state_bound_is_not_named_like_learned_directories():
     assert scanner.MAX_SCAN_DIRS == 1024
     assert not hasattr(scanner, "MAX_DIRS")
     assert learn.MAX_DIRS != scanner.MAX_SCAN_DIRS
+
+
+def test_debug_switch_checks_the_handle_table_at_open_and_release(src, tmp_path):
+    """cache.check_invariants makes every open and release check the handle table (a broken count fails
+    the next open loudly); off, nothing is checked."""
+    for on in (False, True):
+        engine = Engine(str(src), make_config(tmp_path, **{"cache.check_invariants": str(on).lower()}))
+        try:
+            a = engine.open("/f0")
+            engine.handles.get(a.fh).handles += 1  # corrupt the count
+            if on:
+                with pytest.raises(AssertionError, match="handles"):
+                    engine.open("/f1")
+            else:
+                engine.release(engine.open("/f1").fh)
+            engine.handles.get(a.fh).handles -= 1
+        finally:
+            engine.close()
