@@ -283,6 +283,15 @@ class EngineMachine(RuleBasedStateMachine):
             for offset in range(0, size + 1, chunk):
                 self._read(fh, offset, chunk)
 
+    @precondition(lambda self: bool(self.current))
+    @rule(target=handles, data=st.data(), chunk=st.sampled_from([131072, BLOCK]))
+    def open_and_stream(self, data, chunk):
+        """Open the current version and read it whole (the common case; fills the cache)."""
+        fh = self.open(data, "plain", False)
+        if fh in self.open_fhs:
+            self.read_whole(fh, chunk)
+        return fh
+
     @rule(fh=handles, past=st.integers(0, 2 * BLOCK), size=lengths)
     def read_past_eof(self, fh, past, size):
         if fh in self.open_fhs:
