@@ -35,6 +35,7 @@ import tempfile
 import time
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -48,6 +49,7 @@ from hypothesis.stateful import (
 )
 
 from fastfs.config import load_config
+from fastfs.fsio import stats as m
 from fastfs.fsio.cache import PENDING
 from fastfs.fsio.engine import Engine
 from fastfs.fsio.source import stat_key
@@ -433,3 +435,51 @@ class StrictOpenMachine(EngineMachine):
 
 class TestEngineModelStrictOpens(StrictOpenMachine.TestCase):
     settings = settings(max_examples=25, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def test_an_open_answered_from_scan_metadata_reads_its_version_or_estale(tmp_path):
+    """The rare path of the model's documented exception, made deterministic: a scan fetched a small
+    file's first block and metadata; an open answered from them has no source file yet; once the
+    source is replaced, its bytes in RAM are still the opened version's, and the others are ESTALE
+    (the new file is not read in their place)."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    rng = random.Random(7)
+    data = {f"f{i}": rng.randbytes(700 * 1024) for i in range(4)}  # small files, more than one block
+    for name, content in data.items():
+        (src / "d" / name).write_bytes(content)
+    config = load_config(
+        overrides={"cache.budget": "16M", "cache.block_size": "256K", "state.dir": str(tmp_path / "state")},
+        use_default_path=False,
+    )
+    engine = Engine(str(src), config)
+    try:
+        for name in ("f0", "f1", "f2"):  # three opens start a scan of the directory: f3 is fetched
+            r = engine.open(f"/d/{name}")
+            assert engine.read(r.fh, 0, 4096) == data[name][:4096]
+            engine.release(r.fh)
+        deadline = time.monotonic() + 10
+        while engine.snapshot()["counters"].get(m.SCAN_FILES, 0) < 1:
+            assert time.monotonic() < deadline, "the scan did not fetch f3"
+            time.sleep(0.01)
+        r = engine.open("/d/f3")
+        entry = _entry_of(engine, r.fh)
+        assert entry is not None and entry.src is None  # answered from the scan's metadata
+        new = rng.randbytes(len(data["f3"]))
+        (tmp_path / "f3.new").write_bytes(new)
+        os.replace(tmp_path / "f3.new", src / "d" / "f3")
+        assert engine.read(r.fh, 0, 4096) == data["f3"][:4096]  # in RAM: the version opened
+        try:
+            got = engine.read(r.fh, 300 * 1024, 4096)
+        except OSError as e:
+            assert e.errno == errno.ESTALE
+        else:
+            assert got == data["f3"][300 * 1024 : 304 * 1024], "bytes of another version"
+        engine.release(r.fh)
+        # within attr_timeout, lookups and opens still name the version the scan saw (documented)
+        assert stat_key(engine.lstat("/d/f3")) == r.key
+        with pytest.raises(OSError) as info:
+            engine.open("/d/f3", expect=stat_key(os.stat(src / "d" / "f3")))
+        assert info.value.errno == errno.ESTALE
+    finally:
+        engine.close()
