@@ -67,6 +67,20 @@ offsets = st.one_of(st.integers(0, 6 * BLOCK), st.sampled_from([0, BLOCK - 1, BL
 lengths = st.one_of(st.integers(0, 3 * BLOCK), st.sampled_from([1, 4096, 131072, BLOCK]))
 
 
+_ROOT: list[str] = []  # the module's scratch directory while pytest runs it (examples make theirs inside)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _scratch():
+    """Every example's source tree lives under one directory, removed at the end even after a failure
+    that skipped an example's teardown (an interrupted shrink)."""
+    root = tempfile.mkdtemp(prefix="fastfs-model-")
+    _ROOT.append(root)
+    yield
+    _ROOT.remove(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def make_config(tmp: str, budget: int, attr_timeout: float):
     return load_config(
         overrides={
@@ -120,7 +134,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = tempfile.mkdtemp(prefix="fastfs-model-")
+        self.tmp = tempfile.mkdtemp(prefix="example-" if _ROOT else "fastfs-model-", dir=_ROOT[-1] if _ROOT else None)
         self.src = os.path.join(self.tmp, "src")
         self.staging = os.path.join(self.tmp, "staging")
         os.makedirs(os.path.join(self.src, "d"))
