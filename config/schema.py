@@ -225,7 +225,7 @@ class ReadaheadConfig:
     max_window: int = 64 * MIB
     """Largest prefetch window of one stream (doubles from initial_window while the stream stays sequential)."""
     small_file_max: int = 1 * MIB
-    """Files up to this size are fetched whole by a small-file scan."""
+    """Files up to this size (and at most one cache block) are fetched whole by a small-file scan."""
     scan_trigger: int = 3
     """Distinct files opened in one directory, in a short span, that start a small-file scan."""
     scan_max_files: int = 100_000

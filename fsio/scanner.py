@@ -309,7 +309,13 @@ class Scanner:
         """Cache capacity a fetch in flight is counted at (the caller holds ``ds.lock``)."""
         if ds.sized:
             return ds.sized_bytes // ds.sized
-        return round_up(self.readahead.small_file_max)
+        return round_up(self.scan_max())
+
+    def scan_max(self) -> int:
+        """Largest file a scan fetches (or remembers the metadata of): small_file_max, and never more than
+        one cache block, since a scan fetches a file as block 0 and an open answered from its metadata
+        has no source file to read further blocks of the same version from."""
+        return min(self.readahead.small_file_max, self.cache.block_size)
 
     def _disk_key(self, path: str, key: FileKey) -> tuple:
         return self.disk.key(path, key) if self.disk is not None else ()
@@ -324,7 +330,7 @@ class Scanner:
             except OSError:
                 return
             try:
-                if src.size > self.readahead.small_file_max:
+                if src.size > self.scan_max():
                     return
                 if self._scan_meta_only(path, src):
                     return
@@ -373,7 +379,7 @@ class Scanner:
                 st = self.source.lstat(path)
             except OSError:
                 return
-            if stat.S_ISREG(st.st_mode) and st.st_size <= self.readahead.small_file_max:
+            if stat.S_ISREG(st.st_mode) and st.st_size <= self.scan_max():
                 self.remember_meta(path, st, stat_key(st))
         finally:
             with ds.lock:

@@ -451,15 +451,13 @@ class TestEngineModelStrictOpens(StrictOpenMachine.TestCase):
     settings = settings(max_examples=25, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck))
 
 
-def test_an_open_answered_from_scan_metadata_reads_its_version_or_estale(tmp_path):
-    """The rare path of the model's documented exception, made deterministic: a scan fetched a small
-    file's first block and metadata; an open answered from them has no source file yet; once the
-    source is replaced, its bytes in RAM are still the opened version's, and the others are ESTALE
-    (the new file is not read in their place)."""
+def _scan_engine(tmp_path, size: int):
+    """An engine with 256 KiB blocks over /d holding f0..f3 of *size* bytes; f0..f2 opened and read
+    (a scan starts at the third); returns (engine, src, data)."""
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     rng = random.Random(7)
-    data = {f"f{i}": rng.randbytes(700 * 1024) for i in range(4)}  # small files, more than one block
+    data = {f"f{i}": rng.randbytes(size) for i in range(4)}
     for name, content in data.items():
         (src / "d" / name).write_bytes(content)
     config = load_config(
@@ -467,11 +465,20 @@ def test_an_open_answered_from_scan_metadata_reads_its_version_or_estale(tmp_pat
         use_default_path=False,
     )
     engine = Engine(str(src), config)
+    for name in ("f0", "f1", "f2"):
+        r = engine.open(f"/d/{name}")
+        assert engine.read(r.fh, 0, 4096) == data[name][:4096]
+        engine.release(r.fh)
+    return engine, src, data
+
+
+def test_an_open_answered_from_scan_metadata_reads_its_version_or_estale(tmp_path):
+    """The rare path of the model's documented exception, made deterministic: a scan fetched a small
+    file whole (one block) with its metadata; an open answered from them has no source file; once the
+    source is replaced, its bytes in RAM are still the opened version's, anything else is ESTALE
+    (the new file is never read in their place)."""
+    engine, src, data = _scan_engine(tmp_path, 200 * 1024)  # small files within one block
     try:
-        for name in ("f0", "f1", "f2"):  # three opens start a scan of the directory: f3 is fetched
-            r = engine.open(f"/d/{name}")
-            assert engine.read(r.fh, 0, 4096) == data[name][:4096]
-            engine.release(r.fh)
         deadline = time.monotonic() + 10
         while engine.snapshot()["counters"].get(m.SCAN_FILES, 0) < 1:
             assert time.monotonic() < deadline, "the scan did not fetch f3"
@@ -479,21 +486,40 @@ def test_an_open_answered_from_scan_metadata_reads_its_version_or_estale(tmp_pat
         r = engine.open("/d/f3")
         entry = _entry_of(engine, r.fh)
         assert entry is not None and entry.src is None  # answered from the scan's metadata
-        new = rng.randbytes(len(data["f3"]))
+        new = random.Random(8).randbytes(len(data["f3"]))
         (tmp_path / "f3.new").write_bytes(new)
         os.replace(tmp_path / "f3.new", src / "d" / "f3")
-        assert engine.read(r.fh, 0, 4096) == data["f3"][:4096]  # in RAM: the version opened
-        try:
-            got = engine.read(r.fh, 300 * 1024, 4096)
-        except OSError as e:
-            assert e.errno == errno.ESTALE
-        else:
-            assert got == data["f3"][300 * 1024 : 304 * 1024], "bytes of another version"
+        for offset in (0, 100 * 1024, len(new) - 4096):
+            try:
+                got = engine.read(r.fh, offset, 4096)
+            except OSError as e:
+                assert e.errno == errno.ESTALE
+            else:
+                assert got == data["f3"][offset : offset + 4096], "bytes of another version"
         engine.release(r.fh)
         # within attr_timeout, lookups and opens still name the version the scan saw (documented)
         assert stat_key(engine.lstat("/d/f3")) == r.key
         with pytest.raises(OSError) as info:
             engine.open("/d/f3", expect=stat_key(os.stat(src / "d" / "f3")))
         assert info.value.errno == errno.ESTALE
+    finally:
+        engine.close()
+
+
+def test_a_scan_never_takes_a_file_larger_than_one_block(tmp_path):
+    """Regression: with cache.block_size below readahead.small_file_max a scan fetched only block 0 of
+    a 700 KiB file yet counted it fetched and answered its next open from the metadata: once the
+    source was replaced, reads past the first block failed with ESTALE for up to attr_timeout. Files
+    larger than a block are not the scan's: the open goes to the source and reads the file whole."""
+    engine, src, data = _scan_engine(tmp_path, 700 * 1024)
+    try:
+        time.sleep(0.5)  # the scan's workers have run by now (they fetch in parallel)
+        assert engine.snapshot()["counters"].get(m.SCAN_FILES, 0) == 0
+        new = random.Random(8).randbytes(len(data["f3"]))
+        (tmp_path / "f3.new").write_bytes(new)
+        os.replace(tmp_path / "f3.new", src / "d" / "f3")
+        r = engine.open("/d/f3")
+        assert engine.read(r.fh, 0, len(new)) == new
+        engine.release(r.fh)
     finally:
         engine.close()
