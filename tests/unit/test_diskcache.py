@@ -1,7 +1,7 @@
 """The disk cache tier store (fsio/diskcache.py) without FUSE: bytes, restarts, damage, crashes, budgets.
 
 Every test compares bytes served with the bytes that were put. Crash tests run a writer in a
-subprocess (this file run as a script: ``python tests/test_diskcache.py child DIR SEED``), kill it
+subprocess (this file run as a script: ``python tests/unit/test_diskcache.py child DIR SEED``), kill it
 with SIGKILL while it writes, reopen the directory and check that no wrong byte is ever served.
 """
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Seconds the lint of the whole tree may take.
 LINT_TIMEOUT = 300
 
@@ -80,7 +80,7 @@ def test_invalid_module_names_are_still_reported(hyphenated_clone: Path, tmp_pat
 
 def test_tests_collect_in_a_hyphenated_clone(hyphenated_clone: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/test_config.py"],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/unit/test_config.py"],
         cwd=hyphenated_clone,
         capture_output=True,
         text=True,

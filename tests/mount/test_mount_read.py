@@ -23,6 +23,10 @@ from pathlib import Path
 import pytest
 from conftest import evict_page_cache, mounted, rand_bytes
 
+# The worker processes (this file run as a script) import conftest from the tests/ directory.
+_TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_TESTS_DIR, os.environ.get("PYTHONPATH")) if p)}
+
 KIB = 1024
 MIB = 1024 * KIB
 # File sizes at the edges of pages, FUSE requests and cache blocks, plus one larger than a prefetch window.
@@ -258,7 +262,7 @@ def test_concurrent_processes(tree) -> None:
             str(200 + i),
             "25",
         ]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=TESTS_ENV))
     outputs = []
     try:
         for p in procs:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import fuse_mounts
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Seconds the small demo may take (about 15 s here).
 DEMO_TIMEOUT = 300
 

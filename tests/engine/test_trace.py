@@ -5,12 +5,11 @@ from __future__ import annotations
 import io
 import logging
 import random
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import mounted, wait_for
+from conftest import wait_for
 
 from fastfs.config import load_config
 from fastfs.fsio.engine import Engine
@@ -148,17 +147,3 @@ def test_nothing_is_logged_at_info(tmp_path: Path, engine_log: io.StringIO) -> N
     finally:
         engine.close()
     assert engine_log.getvalue() == ""
-
-
-def test_mount_with_log_level_debug_logs_opens(tmp_path: Path) -> None:
-    src, mnt = tmp_path / "src", tmp_path / "mnt"
-    src.mkdir()
-    mnt.mkdir()
-    (src / "x.bin").write_bytes(b"y" * 5000)
-    with mounted(src, mnt, options=["log_level=debug"]) as m:
-        assert (mnt / "x.bin").read_bytes() == b"y" * 5000
-        assert wait_for(lambda: "open /x.bin: 5000 bytes" in m.log(), timeout=10), m.log()
-    with mounted(src, mnt) as m:
-        assert (mnt / "x.bin").read_bytes() == b"y" * 5000
-        time.sleep(0.2)
-        assert "open /x.bin" not in m.log()

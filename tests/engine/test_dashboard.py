@@ -21,7 +21,7 @@ from fastfs.config import load_config
 from fastfs.daemon import metrics
 from fastfs.fsio.engine import Engine
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "contrib" / "grafana" / "fastfs.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "contrib" / "grafana" / "fastfs.json"
 MIB = 1 << 20
 METRIC_RE = re.compile(r"\b(fastfs_[a-z0-9_]+|process_[a-z0-9_]+)\b")
 SELECTOR_LABEL_RE = re.compile(r"\{([^}]*)\}")

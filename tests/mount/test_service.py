@@ -36,7 +36,7 @@ from fastfs.config.loader import load_config
 from fastfs.daemon import mounthelper, service
 from fastfs.daemon.mount import force_unmount, is_fastfs, mounts
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "fastfs@.service"
 EXAMPLE = REPO / "config" / "fastfs.example.yaml"
 HELPER = Path(sys.executable).parent / "mount.fuse.fastfs"

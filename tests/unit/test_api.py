@@ -11,7 +11,7 @@ from fastfs.config.loader import load_config
 from fastfs.fsio.api import EngineAPI
 from fastfs.fsio.engine import Engine
 
-DAEMON = Path(__file__).resolve().parent.parent / "daemon"
+DAEMON = Path(__file__).resolve().parents[2] / "daemon"
 
 
 def _protocol_members() -> tuple[list[str], list[str]]:
