@@ -67,6 +67,9 @@ VIRTUAL_FH_BASE = 1 << 62
 MAX_LISTINGS = 256
 # Size reported for the stats file before it is opened (reads use direct I/O: the real length wins).
 STATS_SIZE_ESTIMATE = 64 * 1024
+# no_open: the fixed size of the stats file, each snapshot padded with spaces to it (JSON allows
+# trailing whitespace); 4x the largest stats xattr, which drops top files to fit 64 KiB.
+NOFH_STATS_SIZE = 256 * 1024
 # Attributes the kernel reports for the virtual nodes' block size.
 VIRTUAL_BLKSIZE = 4096
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
@@ -565,7 +568,9 @@ class KernelOps:
     def _virtual_stat(self, nodeid: int) -> _VirtualStat:
         if nodeid == CONTROL_ID:
             return _VirtualStat(stat.S_IFDIR | 0o555, 0, 2, CONTROL_ID, self._started_ns)
-        size = max((len(d) for d in self._nofh_stats.values()), default=STATS_SIZE_ESTIMATE)
+        # no_open: no direct I/O, so the kernel reads exactly this size (a short read does not shrink it:
+        # the rest would read as zeros); every snapshot is padded to it (see _read_nofh_stats)
+        size = NOFH_STATS_SIZE if self.no_open else STATS_SIZE_ESTIMATE
         return _VirtualStat(stat.S_IFREG | 0o444, size, 1, STATS_ID, time.time_ns())
 
     def snapshot(self) -> dict[str, Any]:
@@ -596,7 +601,9 @@ class KernelOps:
         return fh
 
     def _read_nofh_stats(self, request: Request, offset: int, size: int) -> bytes:
-        """Stats file read without open (``fuse.no_open``): one snapshot per pass from offset 0. Without
+        """Stats file read without open (``fuse.no_open``): one snapshot per pass from offset 0, padded
+        with spaces to the file's fixed size (:data:`NOFH_STATS_SIZE`: the kernel reads up to the size
+        it was told, whatever a read returns). Without
         an open there is no direct I/O, so the kernel keeps the file's pages for whoever reads next: on
         an ``allow_other`` mount everyone gets the redacted view here (the full one stays available to
         the owner and root through the root's stats xattr)."""
@@ -604,7 +611,8 @@ class KernelOps:
         full = self.control.sees_all(caller) and not self.engine.config.fuse.allow_other
         data = self._nofh_stats.get(full)
         if data is None or offset == 0:
-            data = self._nofh_stats[full] = self.control.stats_file(caller if full else None, redacted=not full)
+            data = self.control.stats_file(caller if full else None, redacted=not full)
+            data = self._nofh_stats[full] = data[:NOFH_STATS_SIZE].ljust(NOFH_STATS_SIZE, b" ")
         chunk = data[offset : offset + size]
         if offset + len(chunk) >= len(data):
             self._nofh_stats.pop(full, None)
