@@ -46,7 +46,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchkit.cli import base_parser, extra_options, selected  # noqa: E402
+from benchkit.cli import add_emulator_options, base_parser, extra_options, selected  # noqa: E402
 from benchkit.datasets import Dataset  # noqa: E402
 from benchkit.mounts import FastfsMount, fastfs_mount  # noqa: E402
 from benchkit.readers import read_files, read_seq, small_file_list  # noqa: E402
@@ -137,8 +137,7 @@ def run_once(
 
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser(__doc__.split("\n\n")[0], WORKLOADS)
-    parser.add_argument("--latency-ms", type=float, default=DEFAULT_LATENCY_MS, help="emulated request latency")
-    parser.add_argument("--mbps", type=float, default=DEFAULT_MBPS, help="emulated per-handle bandwidth (MB/s)")
+    add_emulator_options(parser, DEFAULT_LATENCY_MS, DEFAULT_MBPS)
     args = parser.parse_args(argv)
     require_root()
     chosen = selected(args, WORKLOADS)

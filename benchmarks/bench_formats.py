@@ -43,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchkit.cli import base_parser, extra_options, selected  # noqa: E402
+from benchkit.cli import add_emulator_options, base_parser, extra_options, selected  # noqa: E402
 from benchkit.datasets import Dataset  # noqa: E402
 from benchkit.measure import Cell, Fastfs, Native, measure, preimport  # noqa: E402
 from benchkit.mounts import FastfsMount  # noqa: E402
@@ -129,8 +129,7 @@ class LearnedFastfs(Fastfs):
 
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser(__doc__.split("\n\n")[0], WORKLOADS)
-    parser.add_argument("--latency-ms", type=float, default=DEFAULT_LATENCY_MS, help="emulated request latency")
-    parser.add_argument("--mbps", type=float, default=DEFAULT_MBPS, help="emulated per-handle bandwidth (MB/s)")
+    add_emulator_options(parser, DEFAULT_LATENCY_MS, DEFAULT_MBPS)
     args = parser.parse_args(argv)
     require_root()
     chosen = selected(args, WORKLOADS)

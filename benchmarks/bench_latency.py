@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchkit.cli import base_parser, extra_options, selected  # noqa: E402
+from benchkit.cli import add_emulator_options, base_parser, extra_options, selected  # noqa: E402
 from benchkit.clients import processes_read  # noqa: E402
 from benchkit.datasets import Dataset  # noqa: E402
 from benchkit.measure import Cell, Fastfs, Native, measure, preimport  # noqa: E402
@@ -162,8 +162,7 @@ def build_workloads(ds: Dataset, chosen: list[str]) -> dict[str, Workload]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser(__doc__.split("\n\n")[0], WORKLOADS)
-    parser.add_argument("--latency-ms", type=float, default=DEFAULT_LATENCY_MS, help="emulated request latency")
-    parser.add_argument("--mbps", type=float, default=DEFAULT_MBPS, help="emulated per-handle bandwidth (MB/s)")
+    add_emulator_options(parser, DEFAULT_LATENCY_MS, DEFAULT_MBPS)
     parser.add_argument(
         "--emu-read-ahead-kb",
         type=int,

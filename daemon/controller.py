@@ -98,12 +98,14 @@ class Controller:
             snap.update(self.extra())
         return snap if self.sees_all(caller) else redact(snap)
 
-    def stats_file(self, caller: Caller | None, redacted: bool = False) -> bytes:
-        """The document served as ``.fastfs/stats`` (*redacted*: the view of other users, whoever asks)."""
+    def stats_file(self, caller: Caller | None, redacted: bool = False, limit: int | None = None) -> bytes:
+        """The document served as ``.fastfs/stats`` (*redacted*: the view of other users, whoever asks);
+        with *limit*, at most that many bytes (top files dropped until it fits, as for the xattr)."""
         snap = self.snapshot(caller)
         if redacted and not snap.get("redacted"):
             snap = redact(snap)
-        return (json.dumps(snap, indent=1) + "\n").encode()
+        data = (json.dumps(snap, indent=1) + "\n").encode()
+        return data if limit is None or len(data) <= limit else encode_bounded(snap, limit)
 
     # -- xattr requests -----------------------------------------------------------------------------
     def getxattr(self, path: str, name: str, size: int | None, caller: Caller, pid: int = 0) -> bytes:

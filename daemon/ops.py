@@ -68,7 +68,8 @@ MAX_LISTINGS = 256
 # Size reported for the stats file before it is opened (reads use direct I/O: the real length wins).
 STATS_SIZE_ESTIMATE = 64 * 1024
 # no_open: the fixed size of the stats file, each snapshot padded with spaces to it (JSON allows
-# trailing whitespace); 4x the largest stats xattr, which drops top files to fit 64 KiB.
+# trailing whitespace) or, when larger, cut down by dropping top files as the stats xattr is;
+# 4x the xattr's 64 KiB, so the full table of top files fits with long paths.
 NOFH_STATS_SIZE = 256 * 1024
 # Attributes the kernel reports for the virtual nodes' block size.
 VIRTUAL_BLKSIZE = 4096
@@ -611,8 +612,8 @@ class KernelOps:
         full = self.control.sees_all(caller) and not self.engine.config.fuse.allow_other
         data = self._nofh_stats.get(full)
         if data is None or offset == 0:
-            data = self.control.stats_file(caller if full else None, redacted=not full)
-            data = self._nofh_stats[full] = data[:NOFH_STATS_SIZE].ljust(NOFH_STATS_SIZE, b" ")
+            data = self.control.stats_file(caller if full else None, redacted=not full, limit=NOFH_STATS_SIZE)
+            data = self._nofh_stats[full] = data.ljust(NOFH_STATS_SIZE, b" ")
         chunk = data[offset : offset + size]
         if offset + len(chunk) >= len(data):
             self._nofh_stats.pop(full, None)

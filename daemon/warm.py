@@ -61,6 +61,7 @@ from fastfs.daemon.control import (
     XATTR_WARM,
     warm_job_xattr,
 )
+from fastfs.daemon.statscli import human_bytes as human  # one unit system: MiB/GiB, as fastfs stats
 
 # Warm jobs run at once by default (the daemon allows 8 per user).
 DEFAULT_JOBS = 4
@@ -76,21 +77,10 @@ UNSUPPORTED = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENODATA}
 # errno values of a daemon that has no room for another job right now.
 BUSY = {errno.EAGAIN, errno.EBUSY}
 PROG = "fastfs warm"
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 class WarmError(Exception):
     """A problem with the command line (bad path, not a fastfs mount); one-line message."""
-
-
-def human(n: float) -> str:
-    """Bytes in binary units: 1536 -> '1.5 KiB'."""
-    n = float(n)
-    for unit in _UNITS:
-        if abs(n) < 1024 or unit == _UNITS[-1]:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} {_UNITS[-1]}"  # pragma: no cover
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

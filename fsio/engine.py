@@ -556,13 +556,11 @@ class Engine:
         return restart
 
     def check_invariants(self) -> None:
-        """Raise AssertionError when a part's state is inconsistent: the handle table, the scanner, and
-        the cache when it has its own check (tests run this after steps)."""
+        """Raise AssertionError when a part's state is inconsistent: the handle table, the scanner and
+        the cache (tests run this after steps)."""
         self.handles.check_invariants()
         self.scanner.check_invariants()
-        check_cache = getattr(self.cache, "check_invariants", None)
-        if check_cache is not None:
-            check_cache()
+        self.cache.check_invariants()
 
     def close(self) -> None:
         self._stop.set()

@@ -35,6 +35,12 @@ def base_parser(description: str, workloads: Sequence[str]) -> argparse.Argument
     return p
 
 
+def add_emulator_options(p: argparse.ArgumentParser, latency_ms: float, mbps: float) -> None:
+    """``--latency-ms`` and ``--mbps`` of the scripts that mount the latency emulator (its defaults)."""
+    p.add_argument("--latency-ms", type=float, default=latency_ms, help="emulated request latency")
+    p.add_argument("--mbps", type=float, default=mbps, help="emulated per-handle bandwidth (MB/s)")
+
+
 def selected(args: argparse.Namespace, workloads: Sequence[str]) -> list[str]:
     if not args.only:
         return list(workloads)

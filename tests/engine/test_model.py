@@ -95,34 +95,18 @@ def make_config(tmp: str, budget: int, attr_timeout: float):
 
 
 def _entry_of(engine: Engine, fh: int):
-    """The engine's state of an open handle (its layout before and after the engine was split in parts)."""
-    table = getattr(engine, "handles", None)
-    if table is not None and hasattr(table, "get"):
-        return table.get(fh)
-    return engine._handles.get(fh)
+    """The engine's state of an open handle."""
+    return engine.handles.get(fh)
 
 
 def _scans_in_flight(engine: Engine) -> bool:
-    scanner = getattr(engine, "scanner", engine)
-    dirs = getattr(scanner, "_dirs", None) or {}
-    return any(d.inflight for d in list(dirs.values()))
+    with engine.scanner._dirs_lock:
+        return any(d.inflight for d in engine.scanner._dirs.values())
 
 
 def _check(engine: Engine) -> None:
-    """The engine's own invariants when it has ``check_invariants``; otherwise what can be checked
-    of the cache from the outside (its accounting)."""
-    check = getattr(engine, "check_invariants", None)
-    if check is not None:
-        check()
-        return
-    cache = engine.cache
-    with cache._lock:
-        capacity = sum(b.capacity for b in cache._blocks.values())
-        assert cache.reserved == capacity + len(cache._free) * cache.block_size
-        indexed = {(fk, i) for fk, idx in cache._by_file.items() for i in idx}
-        assert indexed == set(cache._blocks)
-        assert set(cache._consumed) <= set(cache._blocks)
-        assert all(b.pins >= 0 for b in cache._blocks.values())
+    """The engine's own invariants (handle table, scanner, cache)."""
+    engine.check_invariants()
 
 
 class EngineMachine(RuleBasedStateMachine):
