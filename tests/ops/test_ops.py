@@ -492,3 +492,26 @@ def test_metadata_arguments_give_result_or_errno(served: Served, name: str, pare
 def test_flush_is_enosys_so_the_kernel_stops_sending_it(served: Served) -> None:
     node = served.node("/data.bin")
     assert served.call(Op.FLUSH, abi.FLUSH_IN.pack(0, 0, 0, 0), node)[0] == errno.ENOSYS
+
+
+def test_no_open_stats_file_larger_than_its_size_drops_top_files_and_stays_json() -> None:
+    """Regression: a no_open stats snapshot beyond the file's fixed size was cut mid-JSON; it now drops
+    top files until it fits, as the stats xattr does, and still parses."""
+    from fastfs.daemon.controller import Controller
+    from fastfs.daemon.ops import NOFH_STATS_SIZE
+
+    class BigSnapshots:
+        def snapshot(self, top: int = 10) -> dict:
+            rows = [{"path": f"/{i:03d}/" + "x" * 8000, "fetched": 50 - i} for i in range(50)]
+            return {"counters": {"opens": 1}, "top_files": rows}
+
+    control = Controller(BigSnapshots(), {"source": "/src", "mountpoint": "/mnt"})  # type: ignore[arg-type]
+    try:
+        data = control.stats_file(None, limit=NOFH_STATS_SIZE)
+        assert len(data) > NOFH_STATS_SIZE // 2  # as many rows as fit, not none
+        assert len(data) <= NOFH_STATS_SIZE
+        doc = json.loads(data)
+        assert doc["top_files_dropped"] > 0 and doc["counters"] == {"opens": 1}
+        assert len(control.stats_file(None)) > NOFH_STATS_SIZE  # without a limit: the whole table
+    finally:
+        control.close()
