@@ -133,12 +133,17 @@ STRESS_READER = r"""
 import mmap, os, sys, time
 path, mode, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 PAGE = 4096
-bad = opens = 0
+bad = opens = stale = 0
 deadline = time.monotonic() + seconds
 while time.monotonic() < deadline:
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
+        continue
+    except OSError as e:  # replaced again between the kernel's one retry and its open (as on NFS)
+        if e.errno != 116:  # ESTALE
+            raise
+        stale += 1
         continue
     try:
         size = os.fstat(fd).st_size
@@ -156,7 +161,7 @@ while time.monotonic() < deadline:
     opens += 1
     if len(data) != size or len({data[i + 1 : i + 9] for i in range(0, len(data) - 9, PAGE)}) != 1:
         bad += 1
-print(opens, bad)
+print(opens, bad, stale)
 """
 
 
@@ -183,8 +188,10 @@ def test_stress_every_read_sees_one_version(src: Path, mnt: Path, route: str) ->
             time.sleep(0.03)
         results = [r.communicate(timeout=60)[0].split() for r in readers]
     assert version > 50
-    for opens, bad in results:
-        assert int(opens) > 10 and int(bad) == 0, results
+    for opens, bad, stale in results:
+        # no read ever sees another version; an open may rarely fail with ESTALE when the name is
+        # replaced again between the kernel's lookup and its single retry of the open
+        assert int(opens) > 10 and int(bad) == 0 and int(stale) * 10 <= int(opens), results
 
 
 # -- passthrough ------------------------------------------------------------------------------------
