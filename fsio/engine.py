@@ -242,13 +242,16 @@ class Engine:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
         route = held_route or choose_route(self.config.fuse.passthrough, self.passthrough_available, self.source.local)
         passthrough = route == ROUTE_PASSTHROUGH
-        entry = self._acquire_entry(path, expect, need_source=passthrough, kernel_cached=cached)
-        if held_route == ROUTE_PASSTHROUGH:  # on a source that is served, the inode's opens pass through to disk
-            served = choose_route(self.config.fuse.passthrough, True, self.source.local) == ROUTE_SERVED
-            on_disk = served and self._disk_backing(entry)
-        else:
-            on_disk = not passthrough and self._disk_backing(entry)
-        fh = self.handles.add(entry)
+        fh, entry = self._acquire_entry(path, expect, need_source=passthrough, kernel_cached=cached)
+        try:
+            if held_route == ROUTE_PASSTHROUGH:  # on a source that is served, the inode's opens pass through to disk
+                served = choose_route(self.config.fuse.passthrough, True, self.source.local) == ROUTE_SERVED
+                on_disk = served and self._disk_backing(entry)
+            else:
+                on_disk = not passthrough and self._disk_backing(entry)
+        except BaseException:
+            self.release(fh)
+            raise
         on_disk, backing_fd = self.handles.backing_fd(entry, on_disk, passthrough)
         if on_disk:
             route = ROUTE_PASSTHROUGH
@@ -269,9 +272,15 @@ class Engine:
         return OpenResult(fh, route, backing_fd, entry.key, entry.st)
 
     def _acquire_entry(
-        self, path: str, expect: FileKey | None = None, need_source: bool = False, kernel_cached: bool = False
-    ) -> FileEntry:
-        """Revalidate the source (close-to-open) and return the shared entry of its version.
+        self,
+        path: str,
+        expect: FileKey | None = None,
+        need_source: bool = False,
+        kernel_cached: bool = False,
+        implicit_at: float | None = None,
+    ) -> tuple[int, FileEntry]:
+        """Revalidate the source (close-to-open) and return a new handle on the shared entry of its
+        version (with *implicit_at*: the path's implicit handle, see :meth:`HandleTable.attach`).
 
         Fresh metadata from a scan answers the open without a source round trip when the data is at
         hand: in RAM, on the disk tier, or in the kernel's page cache (*kernel_cached*: the inode was
@@ -293,13 +302,16 @@ class Engine:
         def make() -> FileEntry:
             return FileEntry(path, key, size, src, st, self._new_policy(size), dkey=self._disk_key(path, key))
 
-        entry, previous, src = self.handles.attach(path, key, src, make)
-        if src is not None:
-            self.handles.put_source(src)
+        attached = self.handles.attach(path, key, src, make, implicit_at)
+        if attached.src is not None:
+            self.handles.put_source(attached.src)
+        previous = attached.previous
         if previous is not None and previous != key:  # the path has a new version: free the old one's blocks
             self.cache.invalidate_file(previous)
             self.cache.invalidate_file(HeadKey(previous))
-        return entry
+        for old_fh in attached.stale:
+            self.release(old_fh)
+        return attached.fh, attached.entry
 
     def _disk_key(self, path: str, key: FileKey) -> tuple:
         return self.disk.key(path, key) if self.disk is not None else ()
@@ -401,10 +413,8 @@ class Engine:
         entry = self.handles.implicit(path, now, self.config.fuse.attr_timeout, expect)
         if entry is not None:
             return entry
-        entry = self._acquire_entry(path, expect)
+        _fh, entry = self._acquire_entry(path, expect, implicit_at=now)
         self._after_open(path, entry, probe=True)
-        for old_fh in self.handles.add_implicit(path, entry, now):
-            self.release(old_fh)
         return entry
 
     # == for warm jobs and cache reports (fastfs.fsio.warm) ==========================================
@@ -419,8 +429,7 @@ class Engine:
     def hold(self, path: str) -> tuple[int, FileEntry]:
         """A handle (and the entry) of the current version of *path*, without what :meth:`open` does
         for a reader (no format probe, scan bookkeeping, learning or open count); :meth:`release` it."""
-        entry = self._acquire_entry(path)
-        return self.handles.add(entry), entry
+        return self._acquire_entry(path)
 
     def passes_through(self) -> bool:
         """True when new opens of this mount go to the kernel by passthrough (warm fills the source's

@@ -4,8 +4,8 @@ One :class:`FileEntry` stands for one version of one source file (its :class:`~f
 while it has handles; every handle of that version (opens, open-less readers, warm jobs) maps to it.
 The table is the one place that:
 
-* allocates handles (:meth:`HandleTable.add`, never 0: 0 is an open-less read);
-* attaches an open to the entry of its version (:meth:`HandleTable.attach`) and remembers each
+* allocates handles (:meth:`HandleTable.attach`, never 0: 0 is an open-less read), counting each on
+  the entry of its version and naming it in the table in one locked step, and remembers each
   path's last version (``versions``: a new version of a path frees the old one's blocks at once);
 * counts source-file references (:meth:`get_source` / :meth:`put_source`): block fills and exact
   reads hold one while their preads run, so a release never closes a descriptor under a read;
@@ -28,7 +28,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from fastfs.fsio.policy import RangePlan, StreamPolicy
 from fastfs.fsio.pool import FileGroup
@@ -92,6 +92,16 @@ class Released:
     disk_fd: int  # the disk-tier descriptor to close (last handle), or -1
 
 
+class Attached(NamedTuple):
+    """What :meth:`HandleTable.attach` did, for the caller to finish outside the table's lock."""
+
+    entry: FileEntry
+    fh: int  # the new handle
+    previous: FileKey | None  # the path's version before this one (its blocks are freed when it differs)
+    src: SourceFile | None  # a source reference left over for the caller to put back, or None
+    stale: list[int]  # implicit handles replaced or pushed out by this one (to release)
+
+
 class HandleTable:
     """Handles -> file entries, entries by version, each path's last version, implicit handles."""
 
@@ -111,12 +121,6 @@ class HandleTable:
 
     # -- handles ----------------------------------------------------------------------------------
 
-    def add(self, entry: FileEntry) -> int:
-        """The one handle allocator: a new handle (never 0) naming *entry*, whose ``handles`` count the
-        caller already took in :meth:`attach`."""
-        with self.lock:
-            return self._add_locked(entry)
-
     def _add_locked(self, entry: FileEntry) -> int:
         fh = self._next_fh
         self._next_fh += 1
@@ -124,11 +128,18 @@ class HandleTable:
         return fh
 
     def attach(
-        self, path: str, key: FileKey, src: SourceFile | None, make: Callable[[], FileEntry]
-    ) -> tuple[FileEntry, FileKey | None, SourceFile | None]:
-        """Take a handle count on the entry of version *key* of *path* (made by *make* if none exists),
-        handing it *src* if it has no source file yet. Returns (entry, the path's previous version,
-        the source reference left over for the caller to put back)."""
+        self,
+        path: str,
+        key: FileKey,
+        src: SourceFile | None,
+        make: Callable[[], FileEntry],
+        implicit_at: float | None = None,
+    ) -> Attached:
+        """The one handle allocator: a new handle (never 0) on the entry of version *key* of *path*
+        (made by *make* if none exists), handing it *src* if it has no source file yet. The handle is
+        counted on the entry and named in the table in one locked step, so no reader of the table
+        (:meth:`check_invariants` included) ever sees one without the other. With *implicit_at* the
+        handle is *path*'s implicit handle of an open-less reader, opened at that time."""
         with self.lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -138,12 +149,21 @@ class HandleTable:
             if entry.src is None and src is not None:
                 entry.src, src = src, None
             entry.handles += 1
+            fh = self._add_locked(entry)
             previous = self.versions.get(path)
             self.versions[path] = key
             self.versions.move_to_end(path)
             if len(self.versions) > MAX_VERSIONS:
                 self.versions.popitem(last=False)
-        return entry, previous, src
+            stale: list[int] = []
+            if implicit_at is not None:
+                old = self._implicit.pop(path, None)
+                self._implicit[path] = (entry, implicit_at, fh)
+                if old is not None:
+                    stale.append(old[2])
+                while len(self._implicit) > MAX_IMPLICIT:
+                    stale.append(self._implicit.popitem(last=False)[1][2])
+        return Attached(entry, fh, previous, src, stale)
 
     def release(self, fh: int) -> Released | None:
         """Drop handle *fh*; None when it was not open."""
@@ -227,17 +247,6 @@ class HandleTable:
                 self._implicit.move_to_end(path)
                 return item[0]
         return None
-
-    def add_implicit(self, path: str, entry: FileEntry, now: float) -> list[int]:
-        """A new implicit handle of *path*; returns the handles it replaces or pushes out (to release)."""
-        with self.lock:
-            fh = self._add_locked(entry)
-            previous = self._implicit.pop(path, None)
-            self._implicit[path] = (entry, now, fh)
-            stale = [previous[2]] if previous is not None else []
-            while len(self._implicit) > MAX_IMPLICIT:
-                stale.append(self._implicit.popitem(last=False)[1][2])
-        return stale
 
     # -- reports ----------------------------------------------------------------------------------
     def entries(self) -> list[FileEntry]:

@@ -4,6 +4,7 @@ engine built from parts it receives (a fake clock), the scanner's constant name.
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -135,3 +136,37 @@ def test_debug_switch_checks_the_handle_table_at_open_and_release(src, tmp_path)
             engine.handles.get(a.fh).handles -= 1
         finally:
             engine.close()
+
+
+def test_the_handle_table_check_never_sees_a_handle_counted_but_not_named(src, tmp_path):
+    """Opens and releases of one version on several threads while another thread checks the table
+    all the time: counting a handle on its entry and naming it in the table are one locked step (they
+    were two, and the check run by another thread's open between them failed one CI run in three)."""
+    engine = Engine(str(src), make_config(tmp_path))
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def opener() -> None:
+        while not stop.is_set():
+            fh = engine.open("/f0").fh
+            engine.release(fh)
+
+    def checker() -> None:
+        while not stop.is_set():
+            try:
+                engine.handles.check_invariants()
+            except AssertionError as e:
+                failures.append(e)
+                stop.set()
+
+    threads = [threading.Thread(target=opener) for _ in range(4)] + [threading.Thread(target=checker)]
+    try:
+        for t in threads:
+            t.start()
+        stop.wait(3.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        engine.close()
+    assert not failures, failures[0]
