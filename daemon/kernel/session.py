@@ -22,15 +22,24 @@ worker's descriptor; the worker is abandoned (its late reply is dropped, it exit
 returns), the adapter is told (``on_abandon``: the engine counts the read as stuck) and a new worker
 takes its place, up to :data:`MAX_ABANDONED` abandoned at once. A
 request the kernel interrupted (the caller got a signal, ``FUSE_INTERRUPT``) is answered EINTR
-that way after :data:`INTERRUPT_GRACE` seconds if the handler has not finished by then.
+that way after :data:`INTERRUPT_GRACE` seconds if the handler has not finished by then. Reads the
+kernel sends as asynchronous read-ahead are never interrupted by the kernel (their reader sleeps on
+a page lock that only a fatal signal wakes), so a READ older than :data:`SIGNAL_POLL_AGE` whose
+reader (the header's pid) has a signal pending (:func:`signal_pending`) is answered EINTR the same
+way: the kernel then reads the page synchronously, and that request the signal interrupts.
+
+Shutdown: the connection is gone once every worker still serving has read its end (``ENODEV``);
+:meth:`Session.wait` returns then. Abandoned workers are not waited for: one may stay stuck in a
+source call for as long as the source does not answer.
 
 Notifications (invalidations) may block in the kernel on locks a request in flight holds, so they
 are written by their own thread from a deduplicated queue (:class:`Notifier`).
 
-Concurrency: ``Worker.current`` is written only by its worker and read (one tuple, atomically) by
-the watchdog; ``Worker.abandoned`` is set once by the watchdog under ``_lock``, which also guards
-``_workers`` and the counts of abandoned workers. Request counters are per worker (no lock on the
-request path) and summed when read.
+Concurrency: ``Worker.current`` is written only by its worker (and by :meth:`Session.interrupt`,
+which replaces the tuple whole) and read (one tuple, atomically) by the watchdog; ``Worker.abandoned``
+is set once by the watchdog under ``_lock``, which also guards ``_workers``, the counts of abandoned
+workers and of interrupts (``_interrupts``; ``_timeouts`` is written by the watchdog alone). Request
+counters are per worker (no lock on the request path) and summed when read.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import fcntl
 import logging
 import mmap
 import os
+import signal
 import struct
 import threading
 import time
@@ -56,6 +66,14 @@ log = logging.getLogger("fastfs.kernel")
 WATCHDOG_TICK = 0.25
 # Seconds an interrupted request may still take before the watchdog answers it EINTR.
 INTERRUPT_GRACE = 1.0
+# Seconds a READ may wait before the watchdog looks whether its reader has a signal pending: the
+# kernel sends no FUSE_INTERRUPT for asynchronous read-ahead, whose reader sleeps on a page lock that
+# only a fatal signal wakes (dd catches SIGINT to print its statistics), so the daemon looks itself.
+SIGNAL_POLL_AGE = 0.5
+# Signals that do not ask a reader to stop: often caught (a DataLoader's SIGCHLD handler), and a read
+# cut short by one of them would only surprise a program that expects regular-file reads to finish.
+BENIGN_SIGNALS = frozenset({signal.SIGCHLD, signal.SIGWINCH, signal.SIGURG, signal.SIGCONT})
+_BENIGN_MASK = sum(1 << (int(s) - 1) for s in BENIGN_SIGNALS)
 # Seconds beyond read_timeout a READ may take before the watchdog answers it: reads waiting on the
 # pool time out in the engine first; reads the engine runs on the request's own thread (small exact
 # reads) are bounded by this.
@@ -107,7 +125,8 @@ class Worker:
         self.buf = bytearray(request_size)
         self.view = memoryview(self.buf)
         self.out = memoryview(mmap.mmap(-1, reply_size))
-        self.current: tuple[int, int, float, bool] | None = None  # (unique, opcode, started, interrupted)
+        self.current: tuple[int, int, float, bool, int] | None = None  # (unique, opcode, started,
+        # interrupted, pid of the caller)
         self.abandoned = False
         self.counts: dict[int, int] = {}
         self.thread: threading.Thread | None = None
@@ -306,7 +325,7 @@ class Session:
                         self._send(fd, unique, -errno.ENOSYS, ())
                     continue
                 request = Request(unique, opcode, nodeid, uid, gid, pid, worker)
-                worker.current = (unique, opcode, monotonic(), False)
+                worker.current = (unique, opcode, monotonic(), False, pid)
                 try:
                     reply = handler(request, view[_HEADER_SIZE:length])
                     error = 0
@@ -338,13 +357,16 @@ class Session:
                     self._workers.remove(worker)
                 if worker.abandoned:
                     self._abandoned -= 1
-                last = not self._workers
+                # the connection is gone when the last worker still serving it has seen its end;
+                # abandoned workers (still stuck in a hung source, or leaving after their late
+                # reply) never serve again, so they are not waited for
+                last = not worker.abandoned and not any(not w.abandoned for w in self._workers)
             if worker.owns_fd:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-            if last and not worker.abandoned:
+            if last:
                 self._stopped.set()
 
     def _send(self, fd: int, unique: int, error: int, payload: Any) -> None:
@@ -367,8 +389,9 @@ class Session:
         for worker in workers:
             current = worker.current
             if current is not None and current[0] == unique:
-                worker.current = (current[0], current[1], current[2], True)
-                self._interrupts += 1
+                worker.current = (current[0], current[1], current[2], True, current[4])
+                with self._lock:
+                    self._interrupts += 1
                 return True
         return False
 
@@ -381,9 +404,14 @@ class Session:
                 current = worker.current
                 if current is None:
                     continue
-                unique, opcode, started, interrupted = current
+                unique, opcode, started, interrupted, pid = current
                 age = now - started
                 if interrupted and age > INTERRUPT_GRACE:
+                    self._abandon(worker, current, errno.EINTR)
+                    continue
+                if opcode == Op.READ and age > SIGNAL_POLL_AGE and signal_pending(pid):
+                    with self._lock:
+                        self._interrupts += 1
                     self._abandon(worker, current, errno.EINTR)
                     continue
                 limit = self.read_deadline if opcode == Op.READ else self.request_timeout
@@ -470,7 +498,9 @@ class Session:
         }
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every worker has ended (the connection is gone); True if it has."""
+        """Wait until every worker still serving has ended (the connection is gone); True if it has.
+        Workers the watchdog abandoned are not waited for: one may stay stuck in a source call that
+        never returns, and the daemon must exit anyway."""
         return self._stopped.wait(timeout)
 
     @property
@@ -500,6 +530,26 @@ class Session:
             os.close(self.fd)
         except OSError:
             pass
+
+
+def signal_pending(pid: int) -> bool:
+    """Whether thread *pid* has a signal pending that it does not block and that asks it to stop (one
+    of :data:`BENIGN_SIGNALS` does not): ``SigPnd``/``ShdPnd`` of ``/proc/PID/status``. False when the
+    thread is gone or unknown (pid 0: a request of the kernel itself)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            text = f.read()
+    except OSError:
+        return False
+    masks: dict[bytes, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(b":")
+        if key in (b"SigPnd", b"ShdPnd", b"SigBlk", b"SigIgn"):
+            masks[key] = int(value.strip() or b"0", 16)
+    pending = masks.get(b"SigPnd", 0) | masks.get(b"ShdPnd", 0)
+    return bool(pending & ~masks.get(b"SigBlk", 0) & ~masks.get(b"SigIgn", 0) & ~_BENIGN_MASK)
 
 
 def _name(opcode: int) -> str:

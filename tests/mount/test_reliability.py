@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import mounted, rand_bytes, run_cli
+from conftest import mounted, rand_bytes, run_cli, wait_for
 from faultfs import faultfs_mounted, is_mounted
 
 KIB = 1024
@@ -909,3 +909,84 @@ def test_warm_over_a_hung_file_returns_at_once_is_bounded_and_gives_up_once(faul
             _bounded(lambda: _read_file(m.mnt / "tree" / "big.bin"), READER_TIMEOUT)
             == (fs.backing / "tree" / "big.bin").read_bytes()
         )
+
+
+# -- a daemon whose request the watchdog abandoned still exits at umount (issue 24 finding 2) ---------
+# Seconds the daemon gets to exit after `fastfs umount` returned, while the source still hangs.
+EXIT_AFTER_UMOUNT_BOUND = 20.0
+
+
+def test_daemon_exits_after_umount_while_an_abandoned_request_is_still_stuck(faulty_wide) -> None:
+    """A lookup hangs at the source, the watchdog answers it EIO and abandons its worker; after `fastfs
+    umount` the daemon must shut down (engine closed, learned state saved, "unmounted" logged) while
+    the abandoned worker is still stuck in the source, and be gone as soon as the source answers (it
+    used to wait for the abandoned worker forever: a systemd unit would never stop). The process
+    cannot be reaped before the source answers: a thread inside a FUSE request the source has read
+    waits for its answer uninterruptibly, also when killed."""
+    fs, faultsrc, mnt, data = faulty_wide
+    opts = [
+        f"readahead.read_timeout={READ_TIMEOUT_SECONDS},fuse.request_timeout={READ_TIMEOUT_SECONDS}",
+        "fuse.entry_timeout=0,fuse.attr_timeout=0",
+    ]
+    with mounted(faultsrc, mnt, options=opts) as m:
+        try:
+            fs.set(hang_meta=["/meta", "/meta/*"])
+            r = _read_in_subprocess(m.mnt / "meta" / "stuck.bin", 4096, METADATA_HANG_BOUND)
+            assert r["errno"] == "EIO", r
+            assert wait_for(lambda: m.stats()["kernel"]["abandoned_workers"] >= 1, READER_TIMEOUT)
+            done = run_cli("umount", m.mnt)
+            assert done.returncode == 0, done.stderr
+            assert wait_for(lambda: "unmounted" in m.log(), EXIT_AFTER_UMOUNT_BOUND), (
+                f"the daemon did not shut down within {EXIT_AFTER_UMOUNT_BOUND}s of umount:\n{m.log()}"
+            )
+            fs.clear()  # the source answers the abandoned lookup: nothing is left to hold the process
+            try:
+                rc = m.proc.wait(timeout=EXIT_AFTER_UMOUNT_BOUND)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the daemon was still running {EXIT_AFTER_UMOUNT_BOUND}s after the source answered")
+            assert rc == 0, m.log()
+        finally:
+            fs.clear()
+
+
+# -- a signalled reader of a hung file returns promptly (issue 24 finding 5) --------------------------
+# read_timeout of this test: long, so a reader that only returns at the timeout is told apart.
+SIGNAL_READ_TIMEOUT = 30
+# Seconds after SIGINT within which the reader must have returned.
+SIGNAL_RETURN_BOUND = 5.0
+
+
+@pytest.mark.parametrize("reader", ["dd", "python"])
+def test_a_reader_of_a_hung_file_returns_soon_after_sigint(faulty_wide, reader: str) -> None:
+    """dd (which catches SIGINT to print its statistics) and a Python reader (whose SIGINT handler
+    raises KeyboardInterrupt) read a file whose source reads hang; the kernel sends that read as
+    asynchronous read-ahead, which never gets FUSE_INTERRUPT. After SIGINT the reader must return
+    within seconds, not at read_timeout."""
+    fs, faultsrc, mnt, data = faulty_wide
+    with mounted(faultsrc, mnt, options=[f"readahead.read_timeout={SIGNAL_READ_TIMEOUT}"]) as m:
+        try:
+            fs.set(hang=["/hung.bin"])
+            path = str(m.mnt / "hung.bin")
+            if reader == "dd":
+                cmd = ["dd", f"if={path}", "of=/dev/null", "bs=1M", "count=4"]
+            else:
+                cmd = [sys.executable, "-c", f"f = open({path!r}, 'rb')\nwhile f.read(1 << 20): pass"]
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                time.sleep(1.5)  # the reader is blocked in the hung read by now
+                assert proc.poll() is None, "the read of a hung file returned before the signal"
+                t0 = time.monotonic()
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=SIGNAL_READ_TIMEOUT + 10)
+                except subprocess.TimeoutExpired:
+                    pytest.fail("the signalled reader never returned")
+                waited = time.monotonic() - t0
+            finally:
+                if proc.poll() is None:
+                    fs.clear()
+                    proc.kill()
+                    proc.wait(READER_TIMEOUT)
+            assert waited < SIGNAL_RETURN_BOUND, f"{reader} returned {waited:.1f}s after SIGINT"
+        finally:
+            fs.clear()
