@@ -98,7 +98,7 @@ def dev_version() -> str:
     if "install ok installed" not in status or not version:
         raise ReferenceUnavailableError(
             f"{DEV_PACKAGE} is not installed (the reference daemon is built against its headers): "
-            f"run `make bench-deps` or `apt-get install -y {DEV_PACKAGE} gcc pkg-config`"
+            f"run `make system-deps` or `apt-get install -y {DEV_PACKAGE} gcc pkg-config`"
         )
     return version
 
