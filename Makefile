@@ -8,13 +8,17 @@ PIP ?= $(PYTHON) -m pip
 PIP_INSTALL ?= $(PIP) install -q --disable-pip-version-check --root-user-action=ignore --no-warn-script-location
 APT_GET ?= apt-get
 
-.PHONY: system-deps setup demo test lint bench bench-deps bench-local bench-latency bench-formats bench-stats bench-disktier bench-matrix clean
+.PHONY: system-deps setup demo test lint bench bench-deps bench-local bench-latency bench-formats bench-stats bench-disktier bench-matrix \
+	bench-floor clean
 
 # fuse3 ships fusermount3 and libfuse3 (never Debian's "fuse": it conflicts with fuse3);
-# systemd provides systemd-analyze for the unit test.
+# systemd provides systemd-analyze for the unit test; gcc, pkg-config and libfuse3-dev build the libfuse
+# reference daemon of bench_floor.py and its test (libfuse3-dev depends on libfuse3-3, never on "fuse").
 system-deps:
-	@command -v fusermount3 >/dev/null && command -v systemd-analyze >/dev/null || \
-		{ $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq fuse3 systemd; }
+	@command -v fusermount3 >/dev/null && command -v systemd-analyze >/dev/null && command -v gcc >/dev/null && \
+		pkg-config --exists fuse3 2>/dev/null || \
+		{ $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq \
+			fuse3 systemd gcc pkg-config libfuse3-dev; }
 	@test -e /dev/fuse || { echo "fastfs: /dev/fuse is missing (load the fuse module)"; exit 1; }
 
 setup: system-deps
@@ -33,6 +37,7 @@ test: lint
 bench: bench-local bench-latency bench-formats bench-stats bench-disktier
 
 # Clients of the benchmark matrix: fio, the sqlite3 shell, git (Python's sqlite3 module ships with Python).
+# (bench_floor.py's reference daemon needs gcc, pkg-config and libfuse3-dev: system-deps installs them.)
 bench-deps: setup
 	@command -v fio >/dev/null && command -v sqlite3 >/dev/null && command -v git >/dev/null || \
 		{ $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq fio sqlite3 git; }
@@ -40,6 +45,10 @@ bench-deps: setup
 # The whole matrix takes hours at --scale 1: split it with BENCH_MATRIX_ARGS="--behaviours base,serial" etc.
 bench-matrix: bench-deps
 	$(PYTHON) benchmarks/bench_matrix.py $(BENCH_MATRIX_ARGS)
+
+# The floor of issue 23: fastfs next to libfuse's C passthrough example (built into /var/cache/fastfs-bench).
+bench-floor: setup
+	$(PYTHON) benchmarks/bench_floor.py $(BENCH_FLOOR_ARGS)
 
 bench-local: setup
 	$(PYTHON) benchmarks/bench_local.py

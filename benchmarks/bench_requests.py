@@ -9,84 +9,52 @@ directly:
 * ``reopen``: open + read 4 KiB + close of N small files already read once (the page cache holds
   their data; what is left is the cost of the open itself);
 * ``open``: os.open + os.close of one file, repeated;
-* ``read4k``: 4 KiB preads at random offsets through an ``O_DIRECT`` descriptor (each one a READ
-  request served from fastfs's RAM cache; native: the same on tmpfs without O_DIRECT).
+* ``read4k``: 4 KiB preads at distinct random offsets through an ``O_DIRECT`` descriptor (each one a
+  READ request served from fastfs's RAM cache; native: the same on tmpfs without O_DIRECT).
 
 Requests per open come from the mount's ``kernel.requests`` counters (absent on revisions before
-fastfs spoke the protocol itself: then "-").
+fastfs spoke the protocol itself: then "-"). The loops are ``benchkit.perop``'s, shared with
+``bench_floor.py``, which runs them next to libfuse's C example.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
 import sys
-import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchkit.mounts import fastfs_mount  # noqa: E402
-
-from fastfs.daemon.control import XATTR_STATS  # noqa: E402
+from benchkit.cli import add_fastfs_options, extra_options  # noqa: E402
+from benchkit.fsstats import fmt_requests, requests_per_op  # noqa: E402
+from benchkit.mounts import fastfs_mount, kernel_requests  # noqa: E402
+from benchkit.perop import SMALL_READ, open_close, open_read_close, page_offsets, preads, stream_gbps  # noqa: E402
+from benchkit.system import require_root  # noqa: E402
+from benchkit.units import MIB  # noqa: E402
 
 FILES = 2000
 OPENS = 5000
 READS = 5000
 SIZE = 3073
+BIG_SIZE = 64 * MIB
 
 
-def _median_us(fn, count: int, runs: int) -> float:
-    samples = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) / count * 1e6)
-    return statistics.median(samples)
-
-
-def reopen(root: str, names: list[str]) -> None:
-    for name in names:
-        fd = os.open(os.path.join(root, name), os.O_RDONLY)
-        os.read(fd, 4096)
-        os.close(fd)
-
-
-def opens(path: str, count: int) -> None:
-    for _ in range(count):
-        os.close(os.open(path, os.O_RDONLY))
-
-
-def reads(path: str, count: int, direct: bool) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
-    size = os.fstat(fd).st_size
-    rng = random.Random(1)
-    import mmap
-
-    buf = mmap.mmap(-1, 4096)
-    try:
-        for _ in range(count):
-            os.preadv(fd, [buf], rng.randrange(size // 4096) * 4096)
-    finally:
-        os.close(fd)
-        buf.close()
-
-
-def requests(mnt: str) -> dict[str, int]:
-    try:
-        return json.loads(os.getxattr(mnt, XATTR_STATS)).get("kernel", {}).get("requests", {})
-    except OSError:
-        return {}
+def _median_us(fn: Callable[[], float], count: int, runs: int) -> float:
+    """Median over *runs* of *fn*'s seconds per operation, in microseconds."""
+    return statistics.median(fn() / count * 1e6 for _ in range(runs))
 
 
 def measure(root: str, names: list[str], big: str, runs: int, direct: bool) -> dict[str, float]:
-    reopen(root, names)  # warm
+    paths = [os.path.join(root, name) for name in names]
+    offsets = page_offsets(BIG_SIZE, READS, seed=1)
+    open_read_close(paths)  # warm
     return {
-        "reopen_us": _median_us(lambda: reopen(root, names), len(names), runs),
-        "open_us": _median_us(lambda: opens(os.path.join(root, names[0]), OPENS), OPENS, runs),
-        "read4k_us": _median_us(lambda: reads(os.path.join(root, big), READS, direct), READS, runs),
+        "reopen_us": _median_us(lambda: open_read_close(paths), len(paths), runs),
+        "open_us": _median_us(lambda: open_close(paths[0], OPENS), OPENS, runs),
+        "read4k_us": _median_us(lambda: preads(os.path.join(root, big), offsets, direct=direct), READS, runs),
     }
 
 
@@ -95,8 +63,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--label", default="fastfs")
     parser.add_argument("--dir", default="/dev/shm/fastfs-bench-requests")
-    parser.add_argument("-o", dest="options", action="append", default=[])
+    add_fastfs_options(parser)
     args = parser.parse_args()
+    require_root()
     src = os.path.join(args.dir, "src")
     mnt = os.path.join(args.dir, "mnt")
     os.makedirs(os.path.join(src, "small"), exist_ok=True)
@@ -111,25 +80,18 @@ def main() -> int:
     big = "big.bin"
     if not os.path.exists(os.path.join(src, big)):
         with open(os.path.join(src, big), "wb") as f:
-            f.write(os.urandom(64 << 20))
+            f.write(os.urandom(BIG_SIZE))
     native = measure(src, names, big, args.runs, direct=False)
-    options = list(args.options)
-    with fastfs_mount(src, mnt, options) as m:
-        with open(os.path.join(mnt, big), "rb") as f:  # into fastfs's RAM cache
-            while f.read(1 << 20):
-                pass
-        reopen(mnt, names)  # first pass: lookups, reads
-        before = requests(mnt)
-        reopen(mnt, names)
-        after = requests(mnt)
-        per_open = {}
-        for key in set(before) | set(after):
-            delta = after.get(key, 0) - before.get(key, 0)
-            if delta and key not in ("getxattr",):
-                per_open[key] = round(delta / len(names), 2)
+    with fastfs_mount(src, mnt, extra_options(args)):
+        stream_gbps(os.path.join(mnt, big), memoryview(bytearray(MIB)))  # into fastfs's RAM cache
+        paths = [os.path.join(mnt, name) for name in names]
+        open_read_close(paths)  # first pass: lookups, reads
+        before = kernel_requests(mnt)
+        open_read_close(paths)
+        after = kernel_requests(mnt)
+        per_open = fmt_requests(requests_per_op(before, after, len(names)) if after else None)
         ours = measure(mnt, names, big, args.runs, direct=True)
-        del m
-    print(f"| {args.label} | requests per open+read+close (hot) | {per_open or '-'} |")
+    print(f"| {args.label} | requests per open+read({SMALL_READ})+close (hot) | {per_open} |")
     for key, label in (("reopen_us", "open+read+close, hot"), ("open_us", "open+close"), ("read4k_us", "4 KiB read")):
         print(
             f"| {args.label} | {label} | {ours[key]:.1f} us | native {native[key]:.1f} us | "

@@ -13,11 +13,11 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchkit.mounts import fastfs_mount  # noqa: E402
+from benchkit.perop import stream_gbps  # noqa: E402
 from benchkit.system import drop_caches, mountpoint, require_root  # noqa: E402
 from benchkit.units import MIB  # noqa: E402
 
@@ -27,19 +27,6 @@ FILE_MIB = 512
 SETTINGS = ((256, 1024), (1024, 4096))
 READ_SIZES = (MIB, 4 * MIB)
 PASSES = 3  # timed passes per mount and read size (median)
-
-
-def _stream(path: str, view: memoryview) -> float:
-    """GB/s of one pass of readv(len(view)) over *path*."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        t0 = time.perf_counter()
-        total = 0
-        while n := os.readv(fd, [view]):
-            total += n
-        return total / (time.perf_counter() - t0) / 1e9
-    finally:
-        os.close(fd)
 
 
 def main() -> int:
@@ -60,16 +47,16 @@ def main() -> int:
             opts = ["fuse.passthrough=off", f"fuse.max_pages={pages}", f"fuse.read_ahead_kb={ra}", "budget=2G"]
             with fastfs_mount(SRC, mountpoint("served"), opts) as m:
                 path = os.path.join(m.mnt, "big.bin")
-                _stream(path, buf[:MIB])  # fills fastfs's RAM cache
+                stream_gbps(path, buf[:MIB])  # fills fastfs's RAM cache
                 for size in READ_SIZES:
                     passes = []
                     for _ in range(PASSES):
                         drop_caches()
-                        passes.append(_stream(path, buf[:size]))
+                        passes.append(stream_gbps(path, buf[:size]))
                     key = f"fastfs max_pages={pages} ({pages * 4 // 1024} MiB requests), readv {size // MIB} MiB"
                     results.setdefault(key, []).append(statistics.median(passes))
         drop_caches()
-        results.setdefault("tmpfs directly, readv 1 MiB", []).append(_stream(big, buf[:MIB]))
+        results.setdefault("tmpfs directly, readv 1 MiB", []).append(stream_gbps(big, buf[:MIB]))
     for key, values in results.items():
         print(f"{key}: {statistics.median(values):.2f} GB/s (rounds: {', '.join(f'{v:.2f}' for v in values)})")
     return 0

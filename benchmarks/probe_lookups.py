@@ -10,7 +10,6 @@ before every run, a fresh fastfs mount per run, medians.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import random
@@ -20,11 +19,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchkit.mounts import fastfs_mount  # noqa: E402
+from benchkit.mounts import fastfs_mount, stats_xattr  # noqa: E402
 from benchkit.system import drop_caches, mountpoint, require_root  # noqa: E402
 from latency_fs import Behaviour, emulated  # noqa: E402
-
-from fastfs.daemon.control import XATTR_STATS  # noqa: E402
 
 SRC = "/dev/shm/fastfs-bench/lookups"
 SIZE = 3073  # bytes per file, the matrix's small files
@@ -80,7 +77,7 @@ def main() -> int:
             direct.append(_epoch(emu, args.files))
             with fastfs_mount(emu, fast):
                 through.append(_epoch(fast, args.files))
-                kernel = json.loads(os.getxattr(fast, XATTR_STATS)).get("kernel", {})
+                kernel = stats_xattr(fast).get("kernel", {})
                 in_flight.append(kernel.get("lookups_in_flight_max"))
     d, f = statistics.median(direct), statistics.median(through)
     print(f"emulator {SPEC}; {PROCESSES} processes, {args.files} files of {SIZE} B, shuffled, medians of {args.runs}")

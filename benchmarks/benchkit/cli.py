@@ -25,6 +25,12 @@ def base_parser(description: str, workloads: Sequence[str]) -> argparse.Argument
     p.add_argument("--only", default="", help=f"comma-separated workloads to run, of: {', '.join(workloads)}")
     p.add_argument("--disk-dir", default=DISK_ROOT, help="data directory on local disk")
     p.add_argument("--ram-dir", default=RAM_ROOT, help="data directory in RAM (tmpfs) behind the emulator")
+    add_fastfs_options(p)
+    return p
+
+
+def add_fastfs_options(p: argparse.ArgumentParser) -> None:
+    """``-o k=v[,k=v]`` (repeatable): extra fastfs mount options; read them with :func:`extra_options`."""
     p.add_argument(
         "-o",
         "--fastfs-options",
@@ -32,7 +38,6 @@ def base_parser(description: str, workloads: Sequence[str]) -> argparse.Argument
         default=[],
         help="extra fastfs mount options (k=v[,k=v]) for every fastfs mount",
     )
-    return p
 
 
 def add_emulator_options(p: argparse.ArgumentParser, latency_ms: float, mbps: float) -> None:

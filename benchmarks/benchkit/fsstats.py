@@ -34,3 +34,33 @@ def wasted_fetched(stats: dict[str, Any]) -> tuple[int, int]:
     """(prefetched bytes evicted or invalidated before any reader used them, bytes fetched from the source)."""
     wasted = int(stats.get("counters", {}).get("bytes_prefetch_wasted", 0))
     return wasted, fetched_delivered(stats)[0]
+
+
+# Requests left out of per-operation counts: the GETXATTR that reads the counters themselves.
+PROBE_REQUESTS = ("getxattr",)
+# Order requests are listed in: a file's life (others after them, by name).
+REQUEST_ORDER = ("lookup", "getattr", "open", "read", "flush", "release")
+
+
+def request_order(name: str) -> tuple[int, str]:
+    """Sort key of an opcode name: REQUEST_ORDER first, the rest by name."""
+    return (REQUEST_ORDER.index(name) if name in REQUEST_ORDER else len(REQUEST_ORDER), name)
+
+
+def requests_per_op(before: dict[str, int], after: dict[str, int], count: int) -> dict[str, float]:
+    """Requests per operation by opcode between two ``kernel.requests`` snapshots around *count*
+    operations (zero deltas and PROBE_REQUESTS left out), in request_order."""
+    names = sorted((set(before) | set(after)) - set(PROBE_REQUESTS), key=request_order)
+    deltas = {k: after.get(k, 0) - before.get(k, 0) for k in names}
+    return {k: v / count for k, v in deltas.items() if v > 0}
+
+
+def fmt_requests(per_op: dict[str, float] | None) -> str:
+    """``open 1, release 1, read 0.5`` (to two decimals); ``-`` when unknown, ``none`` when no request."""
+    if per_op is None:
+        return "-"
+    return ", ".join(f"{k} {_count(v)}" for k, v in per_op.items()) or "none"
+
+
+def _count(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".") if value >= 0.005 else "<0.01"

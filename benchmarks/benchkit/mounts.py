@@ -4,6 +4,8 @@
 live) with ``STATE_DIRECTORY`` pointing at a fresh temporary directory unless the caller passes one
 (to keep learned state across a remount on purpose), waits until the stats file answers, and on
 exit runs ``fastfs umount`` then the FUSE fallbacks and waits for the daemon (killed if it hangs).
+:func:`kernel_requests` reads a mount's request counters through the stats xattr. This module is the
+benchmarks' one import of fastfs's control names (the stats file and xattr), so a rename lands here.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastfs.daemon.control import STATS_RELPATH
+from fastfs.daemon.control import STATS_RELPATH, XATTR_STATS
 
 from .system import alive, find_daemon_pid, force_unmount, is_mounted, peak_rss
 
@@ -34,6 +36,9 @@ DAEMON_EXIT_TIMEOUT = 30.0
 POLL_INTERVAL = 0.05
 # Stats file of a fastfs mount, relative to the mount point (the daemon's one definition).
 STATS_PATH = STATS_RELPATH
+# Extended attribute of a fastfs mount's root that answers the stats snapshot (one GETXATTR request:
+# no LOOKUP, OPEN or READ of the stats file among the requests being counted).
+STATS_XATTR = XATTR_STATS
 
 FASTFS_CLI = [sys.executable, "-m", "fastfs"]
 
@@ -54,6 +59,20 @@ class FastfsMount:
 
     def peak_rss(self) -> int | None:
         return peak_rss(self.pid) if self.pid else None
+
+
+def stats_xattr(mnt: str) -> dict[str, Any]:
+    """The stats snapshot of the fastfs mount at *mnt*, read through its xattr."""
+    return json.loads(os.getxattr(mnt, STATS_XATTR))
+
+
+def kernel_requests(mnt: str) -> dict[str, int]:
+    """``kernel.requests`` of the fastfs mount at *mnt*: requests served per opcode name since the mount;
+    ``{}`` on a revision without them (before fastfs spoke the protocol itself) or when unreadable."""
+    try:
+        return dict(stats_xattr(mnt).get("kernel", {}).get("requests", {}))
+    except (OSError, ValueError):
+        return {}
 
 
 def _fastfs_pid(stats: dict[str, Any], mnt: str) -> int | None:

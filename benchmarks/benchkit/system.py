@@ -41,6 +41,20 @@ def force_unmount(path: str) -> None:
     mount.force_unmount(path, any_fuse=True)
 
 
+def fs_type(path: str) -> str:
+    """Filesystem type of the mount holding *path* (``tmpfs``, ``ext4``...), per /proc/self/mountinfo."""
+    target = os.path.realpath(path)
+    best, kind = "", "?"
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].replace("\\040", " ")
+            inside = target == point or target.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best):
+                best, kind = point, fields[fields.index("-") + 1]
+    return kind
+
+
 def mountpoint(name: str) -> str:
     """An empty directory under MOUNT_ROOT (this process's) for a mount called *name*."""
     path = os.path.join(MOUNT_ROOT, name)
