@@ -352,7 +352,7 @@ class Daemon:
 
     def _start_engine(self) -> None:
         from fastfs.daemon.ops import KernelOps
-        from fastfs.fsio.diskdir import DiskCacheError, check_placement
+        from fastfs.fsio.disk.directory import DiskCacheError, check_placement
         from fastfs.fsio.engine import Engine
 
         try:
