@@ -1,4 +1,4 @@
-"""Disk cache tier store (fsio/diskcache.py) vs the disk's own speed, in process, no FUSE.
+"""Disk cache tier store (fsio/disk/store.py) vs the disk's own speed, in process, no FUSE.
 
 What it answers: how fast does the store write what the engine hands it, and serve it back,
 compared with plain reads and writes of a file on the same filesystem? Workloads:
@@ -31,10 +31,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import fmt_mbps, fmt_s, fmt_x, median, print_table, ratio  # noqa: E402
+from benchkit.report import fmt_mbps, fmt_s, fmt_x, median, print_table, ratio  # noqa: E402
 
-from fastfs.fsio.diskcache import DiskStore  # noqa: E402
-from fastfs.fsio.diskdir import DATA  # noqa: E402
+from fastfs.fsio.disk.directory import DATA  # noqa: E402
+from fastfs.fsio.disk.store import DiskStore  # noqa: E402
 
 MIB = 1024 * 1024
 # Engine block size: the unit the engine hands the store.

@@ -31,8 +31,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from fastfs import __version__
-from fastfs.fsio import diskcache as fdisk
 from fastfs.fsio import stats as fstats
+from fastfs.fsio.disk import store as fdisk
 
 log = logging.getLogger(__name__)
 

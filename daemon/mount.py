@@ -348,11 +348,12 @@ class Daemon:
             max_pages=fc.max_pages,
             passthrough=fc.passthrough != "off" and os.geteuid() == 0,
             readdirplus=fc.readdirplus,
+            posix_acl=fc.allow_other,  # the kernel applies the source's ACLs (daemon/kernel/negotiate.py)
         )
 
     def _start_engine(self) -> None:
         from fastfs.daemon.ops import KernelOps
-        from fastfs.fsio.diskdir import DiskCacheError, check_placement
+        from fastfs.fsio.disk.directory import DiskCacheError, check_placement
         from fastfs.fsio.engine import Engine
 
         try:

@@ -538,12 +538,17 @@ class KernelOps:
             return self.control.getxattr(path, name, size, self._caller(request), request.pid)
         if nodeid in (CONTROL_ID, STATS_ID):
             raise OSError(ENOATTR, os.strerror(ENOATTR))
+        node = self._node(nodeid)
         try:
-            return self.engine.getxattr(self._node(nodeid).path, name)
+            value = self.engine.getxattr(node.path, name)
         except OSError as e:
-            if e.errno in (errno.ENODATA, ENOATTR):
+            if e.errno in (errno.ENODATA, ENOATTR) or ownership.no_acl(name, e.errno):
                 raise OSError(ENOATTR, os.strerror(ENOATTR)) from None
             raise
+        shown = ownership.shown_xattr(name, value, node.st.st_mode, self._ownership)  # ACLs: as the mount shows them
+        if shown is None:
+            raise OSError(ENOATTR, os.strerror(ENOATTR))
+        return shown
 
     @staticmethod
     def _caller(request: Request) -> Any:
@@ -552,7 +557,10 @@ class KernelOps:
     def listxattr(self, request: Request, body: memoryview) -> bytes:
         size, _ = abi.GETXATTR_IN.unpack_from(body)
         nodeid = request.nodeid
-        names: list[str] = [] if nodeid in (CONTROL_ID, STATS_ID) else self.engine.listxattr(self._node(nodeid).path)
+        names: list[str] = []
+        if nodeid not in (CONTROL_ID, STATS_ID):
+            node = self._node(nodeid)
+            names = ownership.shown_xattr_names(self.engine.listxattr(node.path), node.st.st_mode, self._ownership)
         value = b"".join(os.fsencode(n) + _NUL for n in names)
         return self._sized(value, size)
 

@@ -71,7 +71,7 @@ def round_up(n: int, granule: int = PAGE) -> int:
 
 class BlockFill(Protocol):
     """The fill of one block while it is queued or running (``Block.job``): a
-    :class:`~fastfs.fsio.fills.Preads` or a :class:`~fastfs.fsio.disktier.DiskFill`."""
+    :class:`~fastfs.fsio.fills.Preads` or a :class:`~fastfs.fsio.disk.tier.DiskFill`."""
 
     demand: bool  # the priority its jobs were queued with
     jobs: Sequence[Callable[[], None]]  # its pool jobs (promoted when a reader waits for a prefetch)

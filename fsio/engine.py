@@ -13,7 +13,7 @@ each in its own module and with one job:
   (file key, block index); head windows under their own key kind (:class:`~fastfs.fsio.source.HeadKey`).
 * :class:`~fastfs.fsio.pool.PreadPool` (``pool``): the threads running source reads, demand before
   prefetch, one file never holding it.
-* :class:`~fastfs.fsio.disktier.DiskTier` (``disk``, optional): the local-disk cache tier.
+* :class:`~fastfs.fsio.disk.tier.DiskTier` (``disk``, optional): the local-disk cache tier.
 * :class:`~fastfs.fsio.handles.HandleTable` (``handles``): open file versions
   (:class:`~fastfs.fsio.handles.FileEntry`), the handles naming them (one allocator), each path's last
   version, source-file references, open-less readers.
@@ -63,7 +63,7 @@ from fastfs.config.reload import apply_live, needs_remount
 from fastfs.config.schema import DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_FRACTION, MIN_BUDGET, Config
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import Block, BlockCache
-from fastfs.fsio.disktier import DiskTier
+from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.fills import Fills
 from fastfs.fsio.handles import FileEntry, HandleTable
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED, StreamPolicy, choose_route

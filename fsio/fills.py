@@ -5,7 +5,7 @@ table for source references, the block size and the read settings) and knows not
 Its parts:
 
 * **Block fills** (:meth:`Fills.fetch_block`, :meth:`Fills.prefetch`): reserve a cache block and
-  queue its fill: from the disk tier when it holds the range (:class:`~fastfs.fsio.disktier.DiskFill`,
+  queue its fill: from the disk tier when it holds the range (:class:`~fastfs.fsio.disk.tier.DiskFill`,
   one pool job that falls back to the source), else from the source as a :class:`Preads` of
   pieces of at least :data:`FILL_SPLIT_MIN`, one per source stream, read in parallel; the last
   piece to finish completes the block (a failed piece fails it) and hands it to the disk tier.
@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import READY, Block, BlockCache, round_up
-from fastfs.fsio.disktier import DiskFill, DiskTier
+from fastfs.fsio.disk.tier import DiskFill, DiskTier
 from fastfs.fsio.handles import FileEntry, HandleTable
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.source import DIRECT_ALIGN, SourceFile

@@ -33,7 +33,7 @@ from fastfs.config.schema import ReadaheadConfig
 from fastfs.fsio import formats
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import READY, Block, BlockCache, round_up
-from fastfs.fsio.disktier import DiskTier
+from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.fills import Fills
 from fastfs.fsio.handles import FileEntry, HandleTable
 from fastfs.fsio.policy import RangePlan

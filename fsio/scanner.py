@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from fastfs.config.schema import ReadaheadConfig
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import BlockCache, round_up
-from fastfs.fsio.disktier import DiskTier
+from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.fills import Fills
 from fastfs.fsio.policy import ScanPolicy
 from fastfs.fsio.pool import PreadPool

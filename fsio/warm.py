@@ -3,7 +3,8 @@
 A warm is asked for through the mount (``fastfs warm``), so it must not do more than the caller
 could: it runs with the caller's identity (:class:`~fastfs.fsio.access.Caller`) and touches only
 files that caller could open through the mount — every directory on the way searchable, every
-directory walked listable, every file readable (:mod:`fastfs.fsio.access`). Files and directories
+directory walked listable, every file readable (:mod:`fastfs.fsio.access`, the source's ACLs included
+where they can matter). Files and directories
 the walk sees but the caller may not read are skipped (counted in ``skipped``; their sizes are not
 counted anywhere), and directories the caller cannot list are not looked into at all. Symlinks are
 never followed; the names given in ``hidden`` (the mount's control directory) are left out.
@@ -61,7 +62,19 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fastfs.fsio.access import ROOT, Caller, may_list, may_read, may_search
+from fastfs.fsio.access import (
+    ACL_ACCESS,
+    NO_ACL_ERRNOS,
+    ROOT,
+    Attrs,
+    Caller,
+    StatLike,
+    may_list,
+    may_read,
+    may_search,
+    needs_acl,
+    read_acl,
+)
 from fastfs.fsio.cache import FAILED, READY, Block
 from fastfs.fsio.source import HeadKey, split, stat_key
 
@@ -280,6 +293,17 @@ class WarmJobs:
             runner.join(timeout=1.0)
 
     # -- permission checks ------------------------------------------------------------------------
+    def _attrs(self, path: str, st: os.stat_result, caller: Caller) -> StatLike:
+        """*st* with the source's access ACL when it can matter (as the kernel checks on an allow_other
+        mount); a failure to read it other than "none" denies like an ACL the kernel cannot read."""
+        if not needs_acl(st, caller):
+            return st
+        try:
+            raw: bytes | None = self.engine.source.getxattr(path, ACL_ACCESS)
+        except OSError as e:
+            raw = None if e.errno in NO_ACL_ERRNOS else b""
+        return Attrs.of(st, read_acl(raw))
+
     def _hidden(self, path: str) -> bool:
         return any(path == h or path.startswith(h + "/") for h in self.hidden)
 
@@ -293,16 +317,16 @@ class WarmJobs:
             st = source.lstat("/" + "/".join(parts[:i]))
             if not stat.S_ISDIR(st.st_mode):
                 raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-            if not may_search(st, caller):
+            if not may_search(self._attrs("/" + "/".join(parts[:i]), st, caller), caller):
                 raise OSError(errno.EACCES, os.strerror(errno.EACCES), path)
         return source.lstat("/" + "/".join(parts))
 
     def _target(self, path: str, caller: Caller) -> os.stat_result:
         st = self._reach(path, caller)
         if stat.S_ISREG(st.st_mode):
-            ok = may_read(st, caller)
+            ok = may_read(self._attrs(path, st, caller), caller)
         elif stat.S_ISDIR(st.st_mode):
-            ok = may_list(st, caller)
+            ok = may_list(self._attrs(path, st, caller), caller)
         else:
             raise OSError(errno.ENOTSUP, "neither a regular file nor a directory", path)
         if not ok:
@@ -315,7 +339,7 @@ class WarmJobs:
             raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.ENOTSUP, "not a regular file", path)
-        if not may_read(st, caller):
+        if not may_read(self._attrs(path, st, caller), caller):
             raise OSError(errno.EACCES, os.strerror(errno.EACCES), path)
         return st
 
@@ -442,13 +466,13 @@ class WarmJobs:
                 except OSError:
                     continue  # vanished since the listing
                 if stat.S_ISDIR(st.st_mode):
-                    if may_list(st, caller):
+                    if may_list(self._attrs(child, st, caller), caller):
                         subdirs.append(child)
                     else:
                         with job.lock:
                             job.skipped += 1
                 elif stat.S_ISREG(st.st_mode):
-                    if may_read(st, caller):
+                    if may_read(self._attrs(child, st, caller), caller):
                         yield child, st.st_size
                     else:
                         with job.lock:

@@ -15,7 +15,14 @@ what its design uses:
 * ``NO_EXPORT_SUPPORT``: node ids are not stable across mounts, so no NFS export;
 * ``DIRECT_IO_ALLOW_MMAP``: the stats file (direct I/O) can still be mapped;
 * ``INIT_EXT`` (to send the second flags word) and ``PASSTHROUGH`` with ``max_stack_depth`` 1 when
-  the daemon may hand open files to the kernel as backing files.
+  the daemon may hand open files to the kernel as backing files;
+* ``POSIX_ACL`` on ``allow_other`` mounts: the kernel applies POSIX ACLs in its permission checks,
+  asking for ``system.posix_acl_access`` / ``system.posix_acl_default`` with GETXATTR (the daemon
+  answers with the source's), so another user never gets through the mount what an ACL on the
+  source denies it (without it the kernel checks the mode bits alone); one GETXATTR per inode a
+  user other than its owner reaches (the kernel keeps the answer with the inode). It also turns on
+  ``default_permissions``, which ``allow_other`` mounts have anyway; other mounts leave it off (only
+  the mounting user can use them, with the daemon's own rights on the source).
 
 ``NO_OPEN_SUPPORT`` and ``NO_OPENDIR_SUPPORT`` need no bit in the reply: offered, they mean the
 kernel accepts ENOSYS to OPEN/OPENDIR as "never send these again".
@@ -87,6 +94,7 @@ class Wishes:
     passthrough: bool = False
     readdirplus: bool = True
     parallel_dirops: bool = True
+    posix_acl: bool = False
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,8 @@ def negotiate(offer: Offer, wishes: Wishes) -> Negotiated:
         want &= ~Init.PARALLEL_DIROPS
     if wishes.passthrough:
         want |= Init.PASSTHROUGH
+    if wishes.posix_acl:
+        want |= Init.POSIX_ACL
     flags = int(want) & offer.flags
     if not flags & Init.INIT_EXT:
         flags &= 0xFFFFFFFF  # without INIT_EXT there is no second word to send

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from fastfs.config import load_config
-from fastfs.fsio import diskcache
 from fastfs.fsio import stats as m
-from fastfs.fsio.diskdir import DATA, DiskCacheError
-from fastfs.fsio.disktier import KEY_FORMAT, DiskTier
+from fastfs.fsio.disk import index as diskindex
+from fastfs.fsio.disk import store as diskcache
+from fastfs.fsio.disk.directory import DATA, DiskCacheError
+from fastfs.fsio.disk.tier import KEY_FORMAT, DiskTier
 from fastfs.fsio.engine import Engine
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED
 from fastfs.fsio.source import LOCAL_FS_TYPES, SourceFile
@@ -91,7 +92,7 @@ def test_disk_key_is_stable_across_devices_and_changes_with_the_version(tmp_path
         version = (10, 555, 4096, 1_000_000_007, 1_000_000_009)
         remounted = (99, 555, 4096, 1_000_000_007, 1_000_000_009)  # a new st_dev after a remount
         assert local.key("/a", version) == local.key("/a", remounted)
-        assert local.key("/a", version)[0] == KEY_FORMAT and diskcache.diskindex.valid_key(local.key("/a", version))
+        assert local.key("/a", version)[0] == KEY_FORMAT and diskindex.valid_key(local.key("/a", version))
         # inode numbers count on local filesystems (stable there), not on FUSE sources (per-mount numbering)
         renumbered = (99, 777, 4096, 1_000_000_007, 1_000_000_009)
         assert local.key("/a", renumbered) != local.key("/a", version)
@@ -287,13 +288,13 @@ def test_a_full_write_queue_drops_writes_and_never_holds_a_reader(data, tmp_path
     try:
         gate = threading.Event()
         store = engine.disk.store
-        real_write = store._write
+        real_write = store.writers.write
 
         def slow_write(*args):  # the disk hangs: a reader must not notice
             gate.wait(30)
             return real_write(*args)
 
-        store._write = slow_write
+        store.writers.write = slow_write
         store.queue_bytes = 2 * MIB
         t0 = time.monotonic()
         assert read_file(engine, "/big") == data["/big"]

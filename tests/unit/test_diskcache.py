@@ -1,4 +1,4 @@
-"""The disk cache tier store (fsio/diskcache.py) without FUSE: bytes, restarts, damage, crashes, budgets.
+"""The disk cache tier store (fsio/disk/store.py) without FUSE: bytes, restarts, damage, crashes, budgets.
 
 Every test compares bytes served with the bytes that were put. Crash tests run a writer in a
 subprocess (this file run as a script: ``python tests/unit/test_diskcache.py child DIR SEED``), kill it
@@ -23,10 +23,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastfs.fsio import diskcache, diskdir, diskindex
-from fastfs.fsio.diskcache import DiskStore
-from fastfs.fsio.diskdir import DiskCacheError
-from fastfs.fsio.diskindex import CHUNK
+from fastfs.fsio.disk import directory as diskdir
+from fastfs.fsio.disk import index as diskindex
+from fastfs.fsio.disk import space as diskspace
+from fastfs.fsio.disk import store as diskcache
+from fastfs.fsio.disk.directory import DiskCacheError
+from fastfs.fsio.disk.index import CHUNK
+from fastfs.fsio.disk.store import DiskStore
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -71,7 +74,7 @@ def read_all(store: DiskStore, key: tuple, size: int, block: int = BLOCK) -> byt
 
 
 def data_path(store: DiskStore, key: tuple) -> str:
-    entry = store._index[key]
+    entry = store.catalog.entries[key]
     return os.path.join(store.path, diskdir.DATA, diskdir.fanout_name(entry.id), diskdir.data_name(entry.id))
 
 
@@ -429,7 +432,7 @@ def crash_files(seed: int) -> list[tuple[tuple, bytes]]:
 
 def child(directory: str, seed: int) -> None:
     """Write continuously (small budget: evictions; frequent maintenance: compactions) until killed."""
-    diskcache.SPACE_CHECK_INTERVAL = 0.02
+    diskspace.SPACE_CHECK_INTERVAL = 0.02
     diskindex.COMPACT_MIN = 16 * KIB
     store = DiskStore(directory, budget_bytes=CRASH_BUDGET, queue_bytes=16 * MIB)
     files = crash_files(seed)
@@ -605,7 +608,7 @@ def test_free_space_floor_holds_while_another_program_fills_the_disk(tmp_path):
 
 
 def test_floor_is_checked_periodically_while_idle(tmp_path, monkeypatch):
-    monkeypatch.setattr(diskcache, "SPACE_CHECK_INTERVAL", 0.05)
+    monkeypatch.setattr(diskspace, "SPACE_CHECK_INTERVAL", 0.05)
     root = str(tmp_path / "c")
     disk = FakeDisk(root, total=64 * MIB)
     store = DiskStore(root, budget_bytes=32 * MIB, floor_bytes=8 * MIB, statvfs=disk)

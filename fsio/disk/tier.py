@@ -1,6 +1,6 @@
 """The disk cache tier as the engine uses it: keys, fills from disk, writes of fetched bytes, opens.
 
-:class:`~fastfs.fsio.diskcache.DiskStore` keeps source-file ranges on a local disk; this module is
+:class:`~fastfs.fsio.disk.store.DiskStore` keeps source-file ranges on a local disk; this module is
 the glue between it and the engine (:mod:`fastfs.fsio.engine`), so the engine's own changes stay
 a few calls in its fill, scan, open, warm and stats paths:
 
@@ -56,10 +56,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastfs.fsio import diskcache, diskdir
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import Block
-from fastfs.fsio.diskcache import DiskStore
+from fastfs.fsio.disk import directory
+from fastfs.fsio.disk import store as diskstore
+from fastfs.fsio.disk.index import Key
+from fastfs.fsio.disk.store import DiskStore
 from fastfs.fsio.source import LOCAL_FS_TYPES, FileKey, HeadKey
 
 # Version of the key layout: a store written with another layout never matches (its entries age out).
@@ -101,42 +103,43 @@ class DiskTier:
     ) -> DiskTier | None:
         """The tier of ``config.cache`` (None when ``cache.disk_dir`` is empty), its write queue bounded
         to a share of ``ram_budget`` (:data:`QUEUE_RAM_SHARE`). Raises
-        :class:`~fastfs.fsio.diskdir.DiskCacheError` (one line) for a directory inside or around the
+        :class:`~fastfs.fsio.disk.directory.DiskCacheError` (one line) for a directory inside or around the
         source or the mountpoint, one owned by another user or writable by others, a foreign one, or
         one another process uses."""
         cache = config.cache
         if not cache.disk_dir:
             return None
-        diskdir.check_placement(cache.disk_dir, source_root, mountpoint or config.mountpoint)
-        queue = min(diskcache.WRITE_QUEUE_BYTES, max(cache.block_size, ram_budget // QUEUE_RAM_SHARE))
+        directory.check_placement(cache.disk_dir, source_root, mountpoint or config.mountpoint)
+        queue = min(diskstore.WRITE_QUEUE_BYTES, max(cache.block_size, ram_budget // QUEUE_RAM_SHARE))
         store = DiskStore.from_config(cache, queue_bytes=queue, verify_min=EAGER_VERIFY_MIN)
+        assert store is not None  # (disk_dir is set)
         return cls(store, source_root, source_fs_type)
 
     def writing(self) -> bool:
         """Whether writes are queued (their blocks stay pinned in RAM until written)."""
-        return self.store.stats()[diskcache.QUEUED] > 0
+        return self.store.stats()[diskstore.QUEUED] > 0
 
-    def key(self, path: str, file_key: FileKey) -> tuple:
+    def key(self, path: str, file_key: FileKey) -> Key:
         """Disk key of the version ``file_key`` (the engine's stat_key) of source file ``path``."""
         _dev, ino, size, mtime_ns, ctime_ns = file_key  # (a plain 5-tuple works too)
         return (KEY_FORMAT, self._tree, _id64(path), ino if self._keep_ino else 0, size, mtime_ns, ctime_ns)
 
     # -- reads ------------------------------------------------------------------------------------
-    def holds(self, dkey: tuple, start: int, length: int) -> bool:
+    def holds(self, dkey: Key, start: int, length: int) -> bool:
         return bool(dkey) and self.store.holds(dkey, start, length)
 
-    def read(self, dkey: tuple, start: int, view: memoryview) -> int | None:
+    def read(self, dkey: Key, start: int, view: memoryview) -> int | None:
         """Bytes read into ``view`` from ``start`` (checked), or None: not held, or failed its check."""
         return self.store.read_into(dkey, start, view) if dkey else None
 
     # -- writes -----------------------------------------------------------------------------------
     @staticmethod
-    def keeps(dkey: tuple, block: Block, n: int, length: int) -> bool:
+    def keeps(dkey: Key, block: Block, n: int, length: int) -> bool:
         """Whether a fill of ``block`` that got ``n`` of its ``length`` bytes is written to disk: whole
         blocks of the file only (not head windows, which lie at any offset, nor short reads)."""
         return bool(dkey) and n == length and n > 0 and not isinstance(block.key[0], HeadKey)
 
-    def store_block(self, dkey: tuple, size: int, block: Block, n: int, unpin: Callable[[Block], None]) -> bool:
+    def store_block(self, dkey: Key, size: int, block: Block, n: int, unpin: Callable[[Block], None]) -> bool:
         """Queue the first ``n`` bytes of ``block`` (pinned once for the store by the caller) for writing;
         the pin is given back with ``unpin(block)`` when the store is done, or at once when not taken."""
         if self.store.put(dkey, size, block.start, block.view[:n], functools.partial(unpin, block)):
@@ -144,13 +147,19 @@ class DiskTier:
         unpin(block)
         return False
 
-    def store_copy(self, dkey: tuple, size: int, view: memoryview) -> bool:
+    def store_copy(self, dkey: Key, size: int, view: memoryview) -> bool:
         """Queue a copy of a whole small file read outside blocks (``view`` is the file's bytes from 0)."""
         data = memoryview(bytes(view))
         return self.store.put(dkey, size, 0, data, _nothing)
 
     def ensure(
-        self, dkey: tuple, size: int, block: Block, pin: Callable, unpin: Callable, deadline: float | None
+        self,
+        dkey: Key,
+        size: int,
+        block: Block,
+        pin: Callable[[Block], None],
+        unpin: Callable[[Block], None],
+        deadline: float | None,
     ) -> bool:
         """For ``fastfs warm --disk``: see that the READY ``block`` (pinned by the caller) is on disk or
         queued for it, waiting (until ``deadline``) for room in the write queue; False when it could
@@ -172,16 +181,16 @@ class DiskTier:
             time.sleep(WARM_QUEUE_POLL)
 
     # -- opens ------------------------------------------------------------------------------------
-    def complete_fd(self, dkey: tuple) -> int | None:
+    def complete_fd(self, dkey: Key) -> int | None:
         """A descriptor of the complete, verified data file of ``dkey`` (the caller closes it), or None
         (the first call for an unverified complete file queues its verification)."""
         return self.store.complete_fd(dkey) if dkey else None
 
     # -- stats and life ---------------------------------------------------------------------------
     def stats(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(counters, gauges) of the store, named as in :mod:`fastfs.fsio.diskcache`."""
+        """(counters, gauges) of the store, named as in :mod:`fastfs.fsio.disk.catalog`."""
         s = self.store.stats()
-        return {k: s[k] for k in diskcache.COUNTERS}, {k: s[k] for k in diskcache.GAUGES}
+        return {k: s[k] for k in diskstore.COUNTERS}, {k: s[k] for k in diskstore.GAUGES}
 
     def close(self) -> None:
         self.store.close()

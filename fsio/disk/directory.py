@@ -8,7 +8,7 @@ The user names a directory (``cache.disk_dir``); the store keeps everything it c
   parsed (a torn first write), the directory is ours but unusable: :func:`clear_ours` removes the
   names the store creates (marker, journal, ``data/`` fan-out directories and data files whose names
   match the store's pattern) and nothing else, then the directory is initialised afresh.
-* ``journal`` / ``journal.new``: see :mod:`fastfs.fsio.diskjournal`.
+* ``journal`` / ``journal.new``: see :mod:`fastfs.fsio.disk.journal`.
 * ``data/XX/NNNNNNNNNNNNNNNN``: one data file per cached source-file version, named by its entry
   id (16 hex digits; ``XX`` = the id's low byte, 256 fan-out directories).
 

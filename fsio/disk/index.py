@@ -1,4 +1,4 @@
-"""The disk tier's index: one :class:`Entry` per cached source-file version, and its journal.
+"""The disk store's index format: one :class:`Entry` per cached source-file version, and the journal's records.
 
 An entry is one version of one source file (its key: the identity ``stat_key`` gives, any tuple of
 ints) and one sparse data file holding the cached bytes *at their source offsets*, so a complete
@@ -25,7 +25,7 @@ live index (in LRU order, so LRU survives a clean restart) when it grows past
 :data:`COMPACT_FACTOR` times the snapshot's size: written to ``journal.new``, fsynced, renamed over
 ``journal``, directory fsynced.
 
-This module does no I/O: it encodes and decodes bytes.
+This module does no I/O: it encodes and decodes bytes (the file itself: :mod:`fastfs.fsio.disk.journal`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from fastfs.fsio.diskdir import FORMAT
+from fastfs.fsio.disk.directory import FORMAT
 
+# A store key: the identity of one source-file version, a short tuple of ints (see :func:`valid_key`).
+Key = tuple[int, ...]
 KIB = 1024
 # Unit of checksum and of read verification: the smallest cache.block_size, so every engine block
 # (and a whole small file) is a run of whole chunks, and an unaligned read verifies at most 64 KiB extra.
@@ -77,7 +79,7 @@ def charge(length: int) -> int:
     return (length + PAGE - 1) // PAGE * PAGE
 
 
-def crcs_of(view: memoryview) -> array:
+def crcs_of(view: memoryview) -> array[int]:
     """CRC-32 of each CHUNK-sized piece of ``view`` (zlib releases the GIL on large buffers)."""
     out = array("I", bytes(4 * nchunks(len(view))))
     for i in range(len(out)):
@@ -93,12 +95,12 @@ class Entry:
     found corrupt); ``created`` is True once its data file exists; ``verified`` is the identity
     (ino, size, mtime_ns, ctime_ns) of the data file when all of it was read back and matched its
     CRCs in this process, ``verifying`` while that check is queued. All fields are guarded by the
-    store's lock; the data file's bytes are written only by the entry's writer thread.
+    store's catalog lock; the data file's bytes are written only by the entry's writer thread.
     """
 
     __slots__ = ("id", "key", "size", "held", "crcs", "nheld", "used", "live", "created", "verified", "verifying")
 
-    def __init__(self, entry_id: int, key: tuple, size: int) -> None:
+    def __init__(self, entry_id: int, key: Key, size: int) -> None:
         n = nchunks(size)
         self.id = entry_id
         self.key = key
@@ -109,7 +111,7 @@ class Entry:
         self.used = 0
         self.live = True
         self.created = False
-        self.verified: tuple | None = None
+        self.verified: tuple[int, int, int, int] | None = None
         self.verifying = False
 
     @property
@@ -122,7 +124,7 @@ class Entry:
             return True
         return self.held.find(0, first, last + 1) < 0
 
-    def mark(self, first: int, crcs: array) -> int:
+    def mark(self, first: int, crcs: array[int]) -> int:
         """Record chunks ``first..`` as held with these CRCs; returns the bytes newly charged."""
         added = 0
         for i, crc in enumerate(crcs, first):
@@ -163,12 +165,12 @@ def rec_next(next_id: int) -> bytes:
     return record(NEXT, _Q.pack(next_id))
 
 
-def rec_entry(entry_id: int, size: int, key: tuple) -> bytes:
+def rec_entry(entry_id: int, size: int, key: Key) -> bytes:
     ints = b"".join(int(k).to_bytes(KEY_INT_BYTES, "little", signed=True) for k in key)
     return record(ENTRY, _ENTRY.pack(entry_id, size, len(key)) + ints)
 
 
-def rec_chunks(entry_id: int, first: int, crcs: array) -> bytes:
+def rec_chunks(entry_id: int, first: int, crcs: array[int]) -> bytes:
     data = crcs
     if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
         data = array("I", crcs)
@@ -188,7 +190,7 @@ def valid_key(key: object) -> bool:
     return all(isinstance(k, int) and not isinstance(k, bool) and -limit <= k < limit for k in key)
 
 
-def snapshot(entries: Iterable[tuple[int, tuple, int, bytes, bytes]], next_id: int) -> bytes:
+def snapshot(entries: Iterable[tuple[int, Key, int, bytes, bytes]], next_id: int) -> bytes:
     """A whole journal (header, NEXT, then ENTRY + CHUNKS runs per entry in the given order) from
     ``(id, key, size, held bytes, crcs bytes)`` tuples."""
     parts = [header(), rec_next(next_id)]
@@ -214,7 +216,7 @@ def check_header(data: bytes | memoryview) -> bool:
     if len(data) < HEADER.size:
         return False
     magic, version, chunk = HEADER.unpack_from(data)
-    return magic == MAGIC and version == FORMAT and chunk == CHUNK
+    return bool(magic == MAGIC and version == FORMAT and chunk == CHUNK)
 
 
 def records(data: bytes | memoryview, pos: int = HEADER.size) -> Iterator[tuple[int, memoryview, int]]:
@@ -249,7 +251,7 @@ def replay(data: bytes | memoryview) -> Replay:
     """Rebuild the index from a journal's bytes (the header must have been checked)."""
     out = Replay()
     entries = out.entries
-    by_key: dict[tuple, int] = {}
+    by_key: dict[Key, int] = {}
     for rtype, payload, end in records(data):
         out.good_end = end
         try:
@@ -275,20 +277,20 @@ def replay(data: bytes | memoryview) -> Replay:
                 out.next_id = max(out.next_id, entry_id + 1)
             elif rtype == CHUNKS:
                 entry_id, first, count = _CHUNKS.unpack_from(payload)
-                entry = entries.get(entry_id)
-                if entry is None or len(payload) != _CHUNKS.size + 4 * count or first + count > len(entry.held):
+                held = entries.get(entry_id)
+                if held is None or len(payload) != _CHUNKS.size + 4 * count or first + count > len(held.held):
                     continue
                 crcs = array("I")
                 crcs.frombytes(payload[_CHUNKS.size :])
                 if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
                     crcs.byteswap()
-                entry.mark(first, crcs)
+                held.mark(first, crcs)
                 entries.move_to_end(entry_id)
             elif rtype == DROP:
                 entry_id = _Q.unpack(payload)[0]
-                entry = entries.pop(entry_id, None)
-                if entry is not None:
-                    by_key.pop(entry.key, None)
+                dropped = entries.pop(entry_id, None)
+                if dropped is not None:
+                    by_key.pop(dropped.key, None)
                     out.stale.append(entry_id)
         except struct.error:
             continue  # a record of the right type but wrong length: skip it (its CRC matched: our bug)
