@@ -32,10 +32,16 @@ test: lint
 
 bench: bench-local bench-latency bench-formats bench-stats bench-disktier
 
-# Clients of the benchmark matrix: fio, the sqlite3 shell, git (Python's sqlite3 module ships with Python).
+# Clients of the benchmark matrix: fio, the sqlite3 shell, git (Python's sqlite3 module ships with Python);
+# the network sources (--storage rclone,sshfs,s3fs): rclone, sshfs + openssh-server (the sshd binary only:
+# Debian's policy-rc.d or a missing init keeps the system service from starting; the benchmark starts its
+# own on a free port), s3fs (never Debian's "fuse": it conflicts with fuse3; s3fs pulls only libfuse2),
+# moto's S3 server and boto3 (pip), and cc for the delay line (a source's delay=MS).
+BENCH_APT := fio sqlite3 git rclone sshfs s3fs openssh-server gcc
 bench-deps: setup
-	@command -v fio >/dev/null && command -v sqlite3 >/dev/null && command -v git >/dev/null || \
-		{ $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq fio sqlite3 git; }
+	@for c in fio sqlite3 git rclone sshfs s3fs /usr/sbin/sshd cc; do command -v $$c >/dev/null || exit 1; done || \
+		{ $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq $(BENCH_APT); }
+	@$(PYTHON) -c "import moto.server, boto3" 2>/dev/null || $(PIP_INSTALL) 'moto[server]' boto3
 
 # The whole matrix takes hours at --scale 1: split it with BENCH_MATRIX_ARGS="--behaviours base,serial" etc.
 bench-matrix: bench-deps

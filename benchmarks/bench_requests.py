@@ -28,9 +28,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from benchkit.fastfs_api import XATTR_STATS  # noqa: E402
 from benchkit.mounts import fastfs_mount  # noqa: E402
-
-from fastfs.daemon.control import XATTR_STATS  # noqa: E402
 
 FILES = 2000
 OPENS = 5000

@@ -17,7 +17,11 @@ open, readlink and readdir a metadata latency (the cost model and the FUSE opera
   to NFS's acregmin);
 * ``parallel_dirops``: lookups and readdirs of one directory in parallel (a shim sets
   ``FUSE_PARALLEL_DIROPS`` in the INIT reply) or serialised by the kernel, which is what every
-  FUSE source on libfuse 3.14 (Debian 12) gets, since libfuse before 3.16 never passes the flag on.
+  FUSE source on libfuse 3.14 (Debian 12) gets, since libfuse before 3.16 never passes the flag on;
+* ``stream`` (with ``stream_waste_kb``, ``stream_skip_kb``): every handle is one ranged download,
+  as in rclone / s3fs / gcsfuse without their file cache: reads continuing the handle's stream
+  cost only their transfer, any other read restarts it (a new request latency plus a wasted
+  transfer); counted as ``restarts`` and ``transferred_bytes`` vs ``read_bytes``.
 
 Always: many worker threads and a raised ``max_background`` so the kernel may keep many read-ahead
 requests in flight. Counters (reads, bytes, opens, getattrs, readdirs, peak concurrency...) are
@@ -66,6 +70,11 @@ DEFAULT_MBPS = 400.0
 DEFAULT_THREADS = 64
 # Kernel attribute / entry cache lifetime (s): the libfuse default, close to NFS's acregmin.
 DEFAULT_ATTR_TIMEOUT = 1.0
+# Wasted transfer of a restarted ranged stream (KiB): what an abandoned GET had in flight; rclone
+# serve on loopback moved about 12 MB per restarted 4 KiB read in this project's measurements.
+DEFAULT_STREAM_WASTE_KB = 8192
+# A stream read this far ahead (KiB) continues the stream by reading the gap (a skip, not a restart).
+DEFAULT_STREAM_SKIP_KB = 1024
 # The kernel's own default read-ahead of a new mount (KiB): what "leave it" means.
 KERNEL_READ_AHEAD_KB = 128
 # Name of the hidden counters file at the mount root (same as latency_ops.STATS_NAME; this module
@@ -240,6 +249,12 @@ class Behaviour:
     """Lookups of one directory in parallel (shim) or serialised (libfuse 3.14 as shipped)."""
     threads: int = DEFAULT_THREADS
     """FUSE worker threads."""
+    stream: bool = False
+    """Every handle is one ranged download stream (out-of-order reads restart it)."""
+    stream_waste_kb: int = DEFAULT_STREAM_WASTE_KB
+    """Wasted transfer charged by a stream restart (KiB)."""
+    stream_skip_kb: int = DEFAULT_STREAM_SKIP_KB
+    """A read up to this far ahead continues the stream (KiB)."""
 
     # short spec keys -> field names
     KEYS = {
@@ -253,6 +268,9 @@ class Behaviour:
         "attr": "attr_timeout",
         "dirops": "parallel_dirops",
         "threads": "threads",
+        "stream": "stream",
+        "waste": "stream_waste_kb",
+        "skip": "stream_skip_kb",
     }
 
     def __post_init__(self) -> None:
@@ -264,6 +282,10 @@ class Behaviour:
             raise ValueError("lat, meta and attr must be >= 0 and mbps > 0")
         if (self.read_ahead_kb is not None and self.read_ahead_kb < 0) or self.threads < 1:
             raise ValueError("ra must be >= 0 and threads >= 1")
+        if self.stream and self.bandwidth != "handle":
+            raise ValueError("stream=on needs bw=handle (a stream is one handle's download)")
+        if self.stream_waste_kb < 0 or self.stream_skip_kb < 0:
+            raise ValueError("waste and skip must be >= 0")
 
     @classmethod
     def parse(cls, spec: str, base: Behaviour | None = None) -> Behaviour:
@@ -285,11 +307,15 @@ class Behaviour:
                     if value not in ("parallel", "serial"):
                         raise ValueError
                     changes[name] = value == "parallel"
+                elif name == "stream":
+                    if value not in ("on", "off"):
+                        raise ValueError
+                    changes[name] = value == "on"
                 elif name in ("bandwidth", "cache"):
                     changes[name] = value
                 elif name == "read_ahead_kb":
                     changes[name] = None if value in ("default", "kernel") else int(value)
-                elif name == "threads":
+                elif name in ("threads", "stream_waste_kb", "stream_skip_kb"):
                     changes[name] = int(value)
                 else:
                     changes[name] = float(value)
@@ -307,7 +333,8 @@ class Behaviour:
         return (
             f"lat={self.latency_ms:g},meta={self.meta_latency_ms:g},mbps={self.mbps:g},bw={self.bandwidth},"
             f"ra={ra},cache={self.cache},attr={self.attr_timeout:g},"
-            f"dirops={'parallel' if self.parallel_dirops else 'serial'},threads={self.threads}"
+            f"dirops={'parallel' if self.parallel_dirops else 'serial'},threads={self.threads},"
+            f"stream={'on' if self.stream else 'off'},waste={self.stream_waste_kb},skip={self.stream_skip_kb}"
         )
 
     def describe(self) -> str:
@@ -318,6 +345,7 @@ class Behaviour:
             f"{self.latency_ms:g} ms{meta}, {self.mbps:g} MB/s per {self.bandwidth}, read-ahead {ra} KiB, "
             f"page cache {self.cache}, attr {self.attr_timeout:g} s, "
             f"lookups {'parallel' if self.parallel_dirops else 'serialised'}"
+            + (f", ranged streams per handle (restart wastes {self.stream_waste_kb} KiB)" if self.stream else "")
         )
 
     def args(self) -> list[str]:
@@ -342,6 +370,9 @@ class Behaviour:
             out += ["--read-ahead-kb", str(self.read_ahead_kb)]
         if not self.parallel_dirops:
             out.append("--serial-dirops")
+        if self.stream:
+            out += ["--stream", "--stream-waste-kb", str(self.stream_waste_kb)]
+            out += ["--stream-skip-kb", str(self.stream_skip_kb)]
         return out
 
 
@@ -351,12 +382,15 @@ def behaviour_of(args: argparse.Namespace) -> Behaviour:
     if getattr(args, "behaviour", None):
         base = Behaviour.parse(args.behaviour)
     changes: dict[str, Any] = {}
-    for name in ("latency_ms", "meta_ms", "mbps", "bandwidth", "read_ahead_kb", "cache", "attr_timeout", "threads"):
+    names = ("latency_ms", "meta_ms", "mbps", "bandwidth", "read_ahead_kb", "cache", "attr_timeout", "threads")
+    for name in (*names, "stream_waste_kb", "stream_skip_kb"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
     if getattr(args, "serial_dirops", False):
         changes["parallel_dirops"] = False
+    if getattr(args, "stream", False):
+        changes["stream"] = True
     return dataclasses.replace(base, **changes)
 
 
@@ -377,6 +411,9 @@ def run_foreground(args: argparse.Namespace, argv: list[str]) -> int:
         bandwidth=b.bandwidth,
         cache=b.cache,
         attr_timeout=b.attr_timeout,
+        stream=b.stream,
+        stream_waste=b.stream_waste_kb * 1024,
+        stream_skip=b.stream_skip_kb * 1024,
     )
     on_init = None
     if b.read_ahead_kb is not None:
@@ -527,7 +564,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--behaviour",
         default=None,
         help="settings as key=value,... (lat, meta, mbps, bw=handle|request, ra, cache=keep|drop|direct, attr, "
-        "dirops=parallel|serial, threads); the options below override it",
+        "dirops=parallel|serial, threads, stream=on|off, waste=KiB, skip=KiB); the options below override it",
     )
     p.add_argument("--latency-ms", type=float, default=None, help=f"cost of every request (ms, {DEFAULT_LATENCY_MS})")
     p.add_argument("--meta-ms", type=float, default=None, help="cost of every metadata request (default: latency)")
@@ -550,6 +587,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="do not preload the shim that enables parallel lookups in one directory",
     )
+    p.add_argument("--stream", action="store_true", help="every handle is one ranged download stream")
+    p.add_argument("--stream-waste-kb", type=int, default=None, help="wasted transfer of a stream restart (KiB)")
+    p.add_argument("--stream-skip-kb", type=int, default=None, help="a read this far ahead continues a stream")
     p.add_argument("--foreground", action="store_true", help="stay in the foreground (else return once live)")
     p.add_argument("--log", default=None, help="log file of a background emulator (default: a temp file)")
     p.add_argument("--umount", metavar="MNT", help="unmount an emulator mount and exit")

@@ -15,6 +15,18 @@ The cost model (:class:`Model`):
   range GETs of an object store, each on its own connection);
 * every lookup / getattr, open, readlink and readdir: one ``meta_latency``.
 
+Per-handle ranged streams (``stream=True``, with ``bandwidth="handle"``): what rclone, s3fs, goofys,
+blobfuse2 and gcsfuse do without their file cache. A handle is one ranged download: its first read
+starts it (``latency``), a read that continues where the handle's stream stands costs only its
+transfer (no new latency: the bytes are already flowing), a read a little ahead (within
+``stream_skip``) continues by reading and discarding the gap (charged as transfer), and any other
+read (backwards, or further ahead) *restarts* the download: a new request latency, plus
+``stream_waste`` bytes charged on the stream (what the abandoned download had in flight: the
+server's read-ahead and socket buffers). A read that arrives ahead of the stream first waits up to
+``STREAM_WAIT`` for the reads before it (the kernel sends read-ahead in order, but worker threads
+pick requests up in any order; rclone waits the same way). Counted: ``stream_starts``,
+``restarts``, ``transferred_bytes`` (delivered + skipped + wasted) and ``wasted_bytes``.
+
 What the kernel sees of it is set by :class:`Model` too: the page cache kept across opens
 (``cache="keep"``: ``keep_cache``, NFS close-to-open with an unchanged file), dropped at every open
 (``"drop"``: no ``keep_cache``) or not used at all (``"direct"``: ``direct_io``, every read reaches
@@ -23,7 +35,8 @@ the attribute / entry timeout. Kernel read-ahead and parallel lookups are set fr
 operations (the mount's bdi, the INIT reply shim): see :mod:`latency_fs`.
 
 Concurrency: ``LatencyFS._lock`` guards the counters, the in-flight gauges and the handle tables;
-each ``_Handle.lock`` guards that handle's ``busy_until`` only. No lock is held across a sleep or I/O.
+each ``_Handle.lock`` (a Condition's lock) guards that handle's ``busy_until`` and stream position.
+No lock is held across a sleep or I/O (the stream wait is a condition wait, which releases it).
 """
 
 from __future__ import annotations
@@ -61,6 +74,8 @@ FUSE_CAP_ASYNC_READ = 1 << 0
 BANDWIDTH_MODES = ("handle", "request")
 # Kernel page cache modes (see the module docstring).
 CACHE_MODES = ("keep", "drop", "direct")
+# Longest wait (s) of a stream read that arrived ahead of the stream for the reads before it.
+STREAM_WAIT = 0.005
 
 COUNTER_NAMES = (
     "reads",
@@ -73,6 +88,10 @@ COUNTER_NAMES = (
     "max_inflight",
     "max_inflight_reads",
     "read_wait_seconds",
+    "stream_starts",
+    "restarts",
+    "transferred_bytes",
+    "wasted_bytes",
 )
 
 
@@ -92,6 +111,12 @@ class Model:
     """``keep`` (keep_cache), ``drop`` (page cache dropped at every open) or ``direct`` (direct_io)."""
     attr_timeout: float = 1.0
     """Kernel attribute / entry / negative cache lifetime (s)."""
+    stream: bool = False
+    """Each handle is one ranged download stream (see the module docstring)."""
+    stream_waste: int = 8 << 20
+    """Bytes a restarted stream charges (the abandoned download's in-flight data)."""
+    stream_skip: int = 1 << 20
+    """A read up to this far ahead of the stream continues it (the gap is read and discarded)."""
 
     def __post_init__(self) -> None:
         if self.bandwidth not in BANDWIDTH_MODES:
@@ -100,17 +125,23 @@ class Model:
             raise ValueError(f"cache must be one of {', '.join(CACHE_MODES)}, not {self.cache!r}")
         if self.bytes_per_s <= 0 or self.latency < 0 or self.meta_latency < 0 or self.attr_timeout < 0:
             raise ValueError("latencies and the attribute timeout must be >= 0, the bandwidth > 0")
+        if self.stream and self.bandwidth != "handle":
+            raise ValueError("ranged streams are per handle: stream needs bandwidth 'handle'")
+        if self.stream_waste < 0 or self.stream_skip < 0:
+            raise ValueError("stream waste and skip must be >= 0")
 
 
 class _Handle:
-    """One open file: its descriptor and its transfer-time reservation."""
+    """One open file: its descriptor, its transfer-time reservation and its stream position."""
 
-    __slots__ = ("fd", "lock", "busy_until")
+    __slots__ = ("fd", "lock", "moved", "busy_until", "stream_pos")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.lock = threading.Lock()  # guards busy_until only; never held across a sleep or I/O
+        self.lock = threading.Lock()  # guards busy_until and stream_pos; never held across a sleep or I/O
+        self.moved = threading.Condition(self.lock)  # notified when stream_pos moves
         self.busy_until = 0.0
+        self.stream_pos: int | None = None  # where the handle's download stands (None: not started)
 
 
 class LatencyFS(mfusepy.Operations):
@@ -125,6 +156,7 @@ class LatencyFS(mfusepy.Operations):
         self.meta_latency = model.meta_latency
         self.bps = model.bytes_per_s
         self.per_request = model.bandwidth == "request"
+        self.stream = model.stream
         self.on_init = on_init
         self._lock = threading.Lock()  # guards counters, the in-flight gauges and both handle tables
         self._handles: dict[int, _Handle] = {}
@@ -186,6 +218,9 @@ class LatencyFS(mfusepy.Operations):
             "bandwidth": self.model.bandwidth,
             "cache": self.model.cache,
             "attr_timeout": self.model.attr_timeout,
+            "stream": self.model.stream,
+            "stream_waste": self.model.stream_waste,
+            "stream_skip": self.model.stream_skip,
             "pid": os.getpid(),
             "uptime_seconds": round(time.time() - self.started, 3),
             "parallel_dirops": bool(self.want & FUSE_CAP_PARALLEL_DIROPS)
@@ -296,11 +331,15 @@ class LatencyFS(mfusepy.Operations):
         t0 = time.monotonic()
         handle = self._handles[fi.fh]
         self._enter("reads", is_read=True)
+        extra = 0  # bytes transferred beyond the n delivered (stream skips and restarts)
+        kind = ""
         try:
             n = os.preadv(handle.fd, [dest], offset)
             arrival = t0 + self.latency
             if self.per_request:
                 deadline = arrival + n / self.bps
+            elif self.stream:
+                deadline, extra, kind = self._stream_charge(handle, offset, n, t0)
             else:
                 with handle.lock:
                     start = max(arrival, handle.busy_until)
@@ -312,8 +351,39 @@ class LatencyFS(mfusepy.Operations):
             self._leave(is_read=True)
         with self._lock:
             self.counters["read_bytes"] += n
+            self.counters["transferred_bytes"] += n + extra
             self.counters["read_wait_seconds"] += time.monotonic() - t0
+            if kind:
+                self.counters[kind] += 1
+                if kind == "restarts":
+                    self.counters["wasted_bytes"] += self.model.stream_waste
         return n
+
+    def _stream_charge(self, handle: _Handle, offset: int, n: int, t0: float) -> tuple[float, int, str]:
+        """Place a read on its handle's download stream: (deadline, extra bytes moved, counter to bump).
+
+        Continuing (at or up to ``stream_skip`` ahead of the stream): transfer only, the skipped gap
+        included. Otherwise the stream (re)starts: a request latency, plus ``stream_waste`` on a
+        restart. The position moves before the sleep, so the next in-order read queues right behind.
+        """
+        m = self.model
+        with handle.moved:
+            pos = handle.stream_pos
+            if pos is not None and pos < offset <= pos + m.stream_skip:  # ahead: let earlier reads land
+                handle.moved.wait_for(
+                    lambda: handle.stream_pos is not None and handle.stream_pos >= offset, timeout=STREAM_WAIT
+                )
+                pos = handle.stream_pos
+            if pos is not None and pos <= offset <= pos + m.stream_skip:
+                extra, kind, start = offset - pos, "", max(t0, handle.busy_until)
+            else:
+                extra = m.stream_waste if pos is not None else 0
+                kind = "restarts" if pos is not None else "stream_starts"
+                start = max(t0 + self.latency, handle.busy_until)
+            handle.stream_pos = offset + n
+            handle.busy_until = deadline = start + (n + extra) / self.bps
+            handle.moved.notify_all()
+        return deadline, extra, kind
 
     def is_virtual(self, fh: int) -> bool:
         return fh in self._virtual

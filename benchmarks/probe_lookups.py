@@ -20,11 +20,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from benchkit.fastfs_api import XATTR_STATS  # noqa: E402
 from benchkit.mounts import fastfs_mount  # noqa: E402
 from benchkit.system import drop_caches, mountpoint, require_root  # noqa: E402
 from latency_fs import Behaviour, emulated  # noqa: E402
-
-from fastfs.daemon.control import XATTR_STATS  # noqa: E402
 
 SRC = "/dev/shm/fastfs-bench/lookups"
 SIZE = 3073  # bytes per file, the matrix's small files

@@ -20,8 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastfs.daemon.control import STATS_RELPATH
-
+from .fastfs_api import STATS_RELPATH
 from .system import alive, find_daemon_pid, force_unmount, is_mounted, peak_rss
 
 # Seconds allowed for `fastfs mount` / `fastfs umount` to return.

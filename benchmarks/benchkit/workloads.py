@@ -66,6 +66,9 @@ class Plan:
     imports: tuple[str, ...] = ()
     fastfs_options: list[str] = field(default_factory=list)
     note: str = ""
+    paths: list[str] = field(default_factory=list)
+    """What the phases read, relative to the data set (files or directories): what a storage that
+    holds copies (the S3 server of ``s3fs``) must be given."""
 
 
 @dataclass(frozen=True)
@@ -88,13 +91,20 @@ def _size(path: str) -> int:
 def _file(ds: Dataset, path: str, fn: Callable[..., Any], *args: Any, imports: tuple[str, ...] = ()) -> Plan:
     """A plan of one phase calling ``fn(root/path, *args)``."""
     rel = _rel(ds, path)
-    return Plan([lambda root: fn(os.path.join(root, rel), *args)], _size(path), imports)
+    return Plan([lambda root: fn(os.path.join(root, rel), *args)], _size(path), imports, paths=[rel])
 
 
 def _files(ds: Dataset, paths: list[str], fn: Callable[..., Any], *args: Any, imports: tuple[str, ...] = ()) -> Plan:
     """A plan of one phase calling ``fn([root/p for p in paths], *args)``."""
     rels = [_rel(ds, p) for p in paths]
-    return Plan([lambda root: fn([os.path.join(root, r) for r in rels], *args)], sum(map(_size, paths)), imports)
+    phase = [lambda root: fn([os.path.join(root, r) for r in rels], *args)]
+    return Plan(phase, sum(map(_size, paths)), imports, paths=_parents(rels))
+
+
+def _parents(rels: list[str]) -> list[str]:
+    """The directories holding *rels* when they hold nothing else the plan skips, else the files."""
+    dirs = {os.path.dirname(r) for r in rels}
+    return sorted(dirs) if "" not in dirs and len(dirs) < len(rels) else list(rels)
 
 
 # -- builders -----------------------------------------------------------------------------------------
@@ -207,6 +217,7 @@ def _over_budget(ds: Dataset) -> Plan:
         2 * _size(top),
         fastfs_options=[f"cache.budget={budget}"],
         note=f"fastfs budget {budget // MIB} MiB, data {OVER_FACTOR}x it, read twice",
+        paths=[_rel(ds, top)],
     )
 
 
