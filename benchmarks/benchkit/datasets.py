@@ -143,6 +143,16 @@ class Dataset:
         spec = {"kind": "sized_files", "count": count, "size": size}
         return self._make(name, spec, lambda p: datagen.make_files(p, [size] * count, SEED + 20))
 
+    def image_folder(self, name: str, count: int) -> str:
+        """An ImageFolder tree of *count* files of 100-200 KiB in class directories."""
+        spec = {"kind": "images", "count": count, "classes": datagen.IMAGE_CLASSES, "max": datagen.IMAGE_MAX}
+        return self._make(name, spec, lambda p: datagen.make_image_folder(p, count))
+
+    def safetensors_sized(self, name: str, nbytes: int) -> str:
+        """A safetensors file of ~*nbytes* (the state dict layout of :meth:`safetensors`)."""
+        spec = {"kind": "safetensors_sized", "bytes": nbytes}
+        return self._make(name, spec, lambda p: make_safetensors(p, nbytes))
+
     def tree(self, name: str, dirs: int, files_per_dir: int) -> str:
         spec = {"kind": "tree", "dirs": dirs, "files": files_per_dir}
         return self._make(name, spec, lambda p: datagen.make_tree(p, dirs, files_per_dir))
