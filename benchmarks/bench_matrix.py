@@ -34,7 +34,7 @@ from benchkit.measure import Cell, Fastfs, Native, measure_interleaved, preimpor
 from benchkit.report import fmt_s, fmt_x, human_bytes, log, markdown_table, median, ratio  # noqa: E402
 from benchkit.storages import PRESET_NOTES, PRESETS, StorageSpec, emu_spec, parse_storages, started  # noqa: E402
 from benchkit.system import mountpoint, require_root  # noqa: E402
-from benchkit.workloads import BY_NAME, WORKLOADS, Plan  # noqa: E402
+from benchkit.workloads import BY_NAME, GROUPS, WORKLOADS, Plan  # noqa: E402
 
 # Mount point names (under benchkit.system.MOUNT_ROOT).
 STORAGE_MOUNT = "matrix-storage"
@@ -47,7 +47,9 @@ def parse_args(argv: list[str] | None) -> Any:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", type=float, default=1.0, help="size factor of every data set (0.05 for a smoke run)")
     p.add_argument("--runs", type=int, default=3, help="timed cold runs per cell (median reported)")
-    p.add_argument("--workloads", "--only", default="", help="comma-separated workloads (default: all; see --list)")
+    p.add_argument(
+        "--workloads", "--only", default="", help="comma-separated workloads or @groups (default: all; see --list)"
+    )
     p.add_argument("--skip", default="", help="comma-separated workloads to leave out")
     p.add_argument(
         "--storage",
@@ -97,9 +99,17 @@ def chosen_storages(p: Any, args: Any) -> list[StorageSpec]:
     return out
 
 
+def _expand(text: str) -> list[str]:
+    """Workload names, ``@GROUP`` expanded (unknown groups stay as they are and fail the check)."""
+    out: list[str] = []
+    for n in (n.strip() for n in text.split(",") if n.strip()):
+        out += list(GROUPS.get(n[1:], (n,))) if n.startswith("@") else [n]
+    return out
+
+
 def chosen_workloads(p: Any, args: Any) -> list[str]:
-    names = [n.strip() for n in args.workloads.split(",") if n.strip()] or [w.name for w in WORKLOADS]
-    skip = {n.strip() for n in args.skip.split(",") if n.strip()}
+    names = _expand(args.workloads) or [w.name for w in WORKLOADS]
+    skip = set(_expand(args.skip))
     unknown = [n for n in [*names, *skip] if n not in BY_NAME]
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(BY_NAME)}")
@@ -257,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, spec in PRESETS.items():
             print(f"  {name:8} {spec or '(defaults)':38} {PRESET_NOTES[name]}")
         print("network clients (--storage NAME[:delay=MS,keep=1]): rclone, sshfs, s3fs")
+        print("workload groups (--workloads @NAME):")
+        for name, members in GROUPS.items():
+            print(f"  @{name:7} {','.join(members)}")
         return 0
     storages = chosen_storages(p, args)
     workloads = chosen_workloads(p, args)

@@ -99,9 +99,9 @@ class Dataset:
         return path
 
     # files
-    def npy(self, name: str = "big.npy") -> str:
-        """A float32 .npy of ~big_bytes."""
-        n = self.big_bytes // 4
+    def npy(self, name: str = "big.npy", nbytes: int | None = None) -> str:
+        """A float32 .npy of ~*nbytes* (default big_bytes)."""
+        n = (self.big_bytes if nbytes is None else nbytes) // 4
         return self._make(name, {"kind": "npy", "elements": n}, lambda p: make_npy(p, n))
 
     def raw(self, name: str = "big.bin", nbytes: int | None = None) -> str:
@@ -116,8 +116,8 @@ class Dataset:
             name, {"kind": "small", "count": n, "size": SMALL_SIZE}, lambda p: make_small_files(p, n, SMALL_SIZE)
         )
 
-    def torch_state(self, name: str = "state.pt") -> str:
-        n = self.big_bytes
+    def torch_state(self, name: str = "state.pt", nbytes: int | None = None) -> str:
+        n = self.big_bytes if nbytes is None else nbytes
         return self._make(name, {"kind": "torch", "bytes": n}, lambda p: make_torch_state(p, n))
 
     def paddle_state(self, name: str = "state.pdparams") -> str:

@@ -140,6 +140,14 @@ def _mid_bytes(ds: Dataset) -> int:
     return max(MIB, int(MID_BYTES * ds.scale) // MIB * MIB)
 
 
+def _npy256(ds: Dataset) -> Plan:
+    return _file(ds, ds.npy("mid.npy", _mid_bytes(ds)), readers.np_load, imports=("numpy",))
+
+
+def _torch256(ds: Dataset) -> Plan:
+    return _file(ds, ds.torch_state("mid.pt", _mid_bytes(ds)), readers.torch_load, imports=("torch",))
+
+
 def _safetensors256(ds: Dataset) -> Plan:
     path = ds.safetensors_sized("model-256m.safetensors", _mid_bytes(ds))
     return _file(ds, path, readers.safetensors_load_touch, imports=("safetensors.torch",))
@@ -280,6 +288,8 @@ WORKLOADS: tuple[Workload, ...] = (
         _loader(readers.safetensors_load_touch, "safetensors.torch", Dataset.safetensors),
     ),
     Workload("safetensors_hf", "safe_open + get_tensor per key in model order (transformers)", _hf_safetensors),
+    Workload("npy256", "np.load of a 256 MiB .npy (issue 21's network-client size)", _npy256),
+    Workload("torch256", "torch.load of a 256 MiB state dict", _torch256),
     Workload("safetensors256", "safetensors load_file + every tensor touched, 256 MiB", _safetensors256),
     Workload("safetensors_hf_half", "safe_open + get_tensor of the first half of the layers, model order", _hf_half),
     Workload("small_sorted", "one reader, 10,000 files of 3 KiB, name order", _small(False)),
@@ -315,3 +325,21 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("over_budget", "data set 10x the fastfs budget, 256 KiB files, two shuffled epochs", _over_budget),
 )
 BY_NAME = {w.name: w for w in WORKLOADS}
+
+# Named sets of workloads (``--workloads @NAME``): the rows of issue 21's tables.
+GROUPS: dict[str, tuple[str, ...]] = {
+    # over the stream-oriented network clients (rclone, s3fs, sshfs)
+    "net": ("npy256", "torch256", "safetensors256", "safetensors_hf_half", "small_shuffled", "random4k"),
+    # storage that answers metadata one request at a time (emu:issue14)
+    "small": (
+        "small_sorted",
+        "small_shuffled",
+        "tree_walk",
+        "threads16_small",
+        "dataloader",
+        "images",
+        "random4k",
+    ),
+    # large loads that must not regress
+    "large": ("npy", "torch", "safetensors", "safetensors_hf", "two_procs"),
+}
