@@ -130,3 +130,43 @@ def test_stream_needs_per_handle_bandwidth():
     b = Behaviour.parse("stream=on,waste=16,skip=0")
     assert (b.stream, b.stream_waste_kb, b.stream_skip_kb) == (True, 16, 0)
     assert Behaviour.parse(b.spec()).spec() == b.spec()
+
+
+def test_fault_switches_fail_and_release_reads(tmp_path):
+    """The emulator's fault switches (the reliability tests' faultfs): eio fails a read of a matching
+    file only, a hang blocks it until the pattern goes, and clearing the control file restores reads."""
+    import json
+    import threading
+
+    from latency_fs import FAULT_SPEC
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "bad.bin").write_bytes(DATA)
+    (src / "good.bin").write_bytes(DATA[::-1])
+    control = tmp_path / "control.json"
+    control.write_text(json.dumps({"eio": ["/bad*"]}))
+    with emulated(str(src), str(tmp_path / "mnt"), behaviour=Behaviour.parse(FAULT_SPEC), control=str(control)) as emu:
+        bad, good = os.path.join(emu.mnt, "bad.bin"), os.path.join(emu.mnt, "good.bin")
+        with pytest.raises(OSError) as err, open(bad, "rb") as f:
+            f.read()
+        assert err.value.errno == 5  # EIO
+        with open(good, "rb") as f:
+            assert f.read() == DATA[::-1]
+        tmp = tmp_path / "control.tmp"
+        tmp.write_text(json.dumps({"hang": ["/bad.bin"]}))
+        os.replace(tmp, control)
+        box: dict[str, bytes] = {}
+
+        def read_bad() -> None:
+            with open(bad, "rb") as f:
+                box["data"] = f.read()
+
+        reader = threading.Thread(target=read_bad, daemon=True)
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive()  # held by the hang
+        tmp.write_text(json.dumps({}))
+        os.replace(tmp, control)
+        reader.join(10)
+        assert box.get("data") == DATA
