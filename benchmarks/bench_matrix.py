@@ -1,21 +1,24 @@
-"""The benchmark matrix: every workload over several emulated storage behaviours, direct vs fastfs.
+"""The benchmark matrix: every workload over several storages, direct vs fastfs.
 
-For each chosen behaviour of the latency emulator (``latency_fs.Behaviour``: serialised or parallel
-lookups, read-ahead 128 KiB or none, page cache kept / dropped / direct_io, attribute timeout,
-latency, bandwidth per handle or per request) the emulator is mounted over the data set in RAM,
-and every chosen workload runs on it twice per run: ``direct`` (the emulator mount itself) and
-``fastfs`` (a fastfs mount of the emulator mount). Every cold run: fastfs remounted (empty cache,
-fresh state directory), page cache dropped (``sync; echo 3 > drop_caches``). Medians of ``--runs``.
+A storage is a behaviour of the latency emulator (``latency_fs.Behaviour``: serialised or parallel
+lookups, read-ahead, page cache kept / dropped / direct_io, attribute timeout, latency, bandwidth
+per handle or per request, per-handle ranged streams) or a real network client started on loopback
+(``rclone``, ``sshfs``, ``s3fs``: :mod:`benchkit.netsources`, optionally behind a delay line). It is
+mounted over the data set in RAM, and every chosen workload runs ``direct`` (the storage's mount)
+and ``fastfs`` (a fastfs mount of it), interleaved run by run. Every cold run: the network client
+remounted, fastfs remounted (empty cache, fresh state directory), page cache dropped (``sync; echo 3
+> drop_caches``). Medians of ``--runs``.
 
-Printed: one markdown table per behaviour as it finishes (so a long run shows progress), then the
-whole matrix: a compact table (workload rows x behaviour columns, ``direct / fastfs``), and a long
+Printed: one markdown table per storage as it finishes (so a long run shows progress), then the
+whole matrix: a compact table (workload rows x storage columns, ``direct / fastfs``), and a long
 table with times, ratio, run-to-run spread of fastfs, fetched/delivered and waste (fastfs stats),
-what the storage saw, and the error of every failed cell. ``--json FILE`` writes every cell's raw
-numbers as well.
+what the storage moved per byte of data (``src/data``) and answered (requests), and the error of
+every failed cell. ``--json FILE`` writes every cell's raw numbers as well.
 
-Run: ``python benchmarks/bench_matrix.py [--scale 0.25] [--runs 3] [--workloads random4k,sqlite]
-[--behaviours base,serial] [--behaviour slow=lat=5,dirops=serial] [--json out.json]``;
-``--list`` prints the workloads and the behaviour presets.
+Run: ``python benchmarks/bench_matrix.py [--scale 0.25] [--runs 3] [--workloads random4k,@net]
+[--storage rclone,sshfs:delay=2,s3fs,emu:issue14] [--behaviours base,serial]
+[--behaviour slow=lat=5,dirops=serial] [--json out.json]``; ``--list`` prints the workloads, the
+workload groups, the emulator presets and the network clients.
 """
 
 from __future__ import annotations
