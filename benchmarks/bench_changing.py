@@ -114,6 +114,20 @@ def make_contenders(extra: list[str]) -> list[Contender]:
     return [Contender("direct", None), Contender("fastfs", list(extra)), Contender("fastfs served", [*extra, SERVED])]
 
 
+def options_note(c: Contender) -> str:
+    if c.options is None:
+        return "the storage itself"
+    return ",".join(c.options) or "defaults"
+
+
+def _distinct(errors: list[str], most: int = 3) -> list[str]:
+    """The first *most* distinct errors, each with how often it happened."""
+    counts: dict[str, int] = {}
+    for e in errors:
+        counts[e] = counts.get(e, 0) + 1
+    return [f"{e} (x{n})" if n > 1 else e for e, n in list(counts.items())[:most]]
+
+
 def route_note(c: Contender) -> str:
     if c.options is None:
         return "the storage itself"
@@ -337,13 +351,15 @@ def scenario_rotation(
                     writer.stop()
                     thread.join()
             behind = f"{max(ev.behind)} / {sum(ev.behind) / len(ev.behind):.1f}" if ev.behind else "-"
-            rows.append([f"{period * 1000:g} ms", c.label, ev.ok, ev.failed, ev.wrong, behind, f"{ev.seconds:.1f}"])
-            notes += [f"{period * 1000:g} ms, {c.label}: {e}" for e in (ev.errors + writer.errors)[:3]]
+            row = [f"{period * 1000:g} ms", c.label, ev.ok, ev.failed, ev.wrong, behind, f"{ev.seconds:.1f}"]
+            rows.append([*row, route_note(c)])
+            c.opens_passthrough = 0  # the route of the next period's mount is counted afresh
+            notes += [f"{period * 1000:g} ms, {c.label}: {e}" for e in _distinct(ev.errors + writer.errors)]
             log(f"rotation {period * 1000:g} ms, {c.label}: {ev.ok} ok, {ev.failed} failed, {ev.wrong} wrong")
     where = "local directory" if spec is None else spec.describe()
     print(f"\n### checkpoint rotation ({nbytes // KIB} KiB checkpoints, keep {KEEP_CHECKPOINTS}), {where}\n")
     headers = ["writer period", "reader", "loads ok", "failed", "wrong version", "behind max / mean", "seconds"]
-    print(markdown_table(headers, rows, (0, 1)))
+    print(markdown_table([*headers, "route"], rows, (0, 1, 7)))
     for n in notes:
         print(f"- {n}")
     sys.stdout.flush()
@@ -374,11 +390,11 @@ def scenario_listing(
                     f.write(b"n")
                 os.unlink(victim)
                 t_new, t_gone = _listing_times(root, new_name, victim_name, args.limit)
-            rows.append([c.label, _seconds(t_new, args.limit), _seconds(t_gone, args.limit), route_note(c)])
+            rows.append([c.label, _seconds(t_new, args.limit), _seconds(t_gone, args.limit), options_note(c)])
             log(f"listing, {c.label}: new {_seconds(t_new, args.limit)} s, deleted {_seconds(t_gone, args.limit)} s")
     where = "local directory" if spec is None else spec.describe()
     print(f"\n### a new and a deleted file in a listed directory ({LISTING_FILES} files), {where}\n")
-    headers = ["reader", "new file listed after s", "deleted file gone after s", "route"]
+    headers = ["reader", "new file listed after s", "deleted file gone after s", "fastfs options"]
     print(markdown_table(headers, rows, (0, 3)), flush=True)
 
 
