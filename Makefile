@@ -8,7 +8,7 @@ PIP ?= $(PYTHON) -m pip
 PIP_INSTALL ?= $(PIP) install -q --disable-pip-version-check --root-user-action=ignore --no-warn-script-location
 APT_GET ?= apt-get
 
-.PHONY: system-deps setup demo test lint bench bench-deps bench-local bench-latency bench-formats bench-stats bench-disktier bench-matrix clean
+.PHONY: system-deps setup demo test lint bench bench-deps bench-local bench-latency bench-formats bench-stats bench-disktier bench-matrix bench-net bench-changing clean
 
 # fuse3 ships fusermount3 and libfuse3 (never Debian's "fuse": it conflicts with fuse3);
 # systemd provides systemd-analyze for the unit test.
@@ -46,6 +46,17 @@ bench-deps: setup
 # The whole matrix takes hours at --scale 1: split it with BENCH_MATRIX_ARGS="--behaviours base,serial" etc.
 bench-matrix: bench-deps
 	$(PYTHON) benchmarks/bench_matrix.py $(BENCH_MATRIX_ARGS)
+
+# Issue 21's network-client rows: the matrix over rclone, sshfs and s3fs on loopback (BENCH_NET_ARGS adds e.g.
+# "--storage rclone:delay=2 --runs 3").
+BENCH_NET_ARGS ?=
+bench-net: bench-deps
+	$(PYTHON) benchmarks/bench_matrix.py --storage rclone,sshfs,s3fs --workloads @net,images $(BENCH_NET_ARGS)
+
+# Issue 22's long-timeline and changing-source scenarios (BENCH_CHANGING_ARGS="--pause 65 --runs 3").
+BENCH_CHANGING_ARGS ?=
+bench-changing: setup
+	$(PYTHON) benchmarks/bench_changing.py $(BENCH_CHANGING_ARGS)
 
 bench-local: setup
 	$(PYTHON) benchmarks/bench_local.py
