@@ -9,7 +9,7 @@ PIP_INSTALL ?= $(PIP) install -q --disable-pip-version-check --root-user-action=
 APT_GET ?= apt-get
 
 .PHONY: system-deps setup demo test lint bench bench-deps bench-local bench-latency bench-formats bench-stats bench-disktier bench-matrix \
-	bench-floor clean
+	bench-floor bench-net bench-changing clean
 
 # fuse3 ships fusermount3 and libfuse3 (never Debian's "fuse": it conflicts with fuse3);
 # systemd provides systemd-analyze for the unit test; gcc, pkg-config and libfuse3-dev build the libfuse
@@ -36,11 +36,17 @@ test: lint
 
 bench: bench-local bench-latency bench-formats bench-stats bench-disktier
 
-# Clients of the benchmark matrix: fio, the sqlite3 shell, git (Python's sqlite3 module ships with Python).
+# Clients of the benchmark matrix: fio, the sqlite3 shell, git (Python's sqlite3 module ships with Python);
+# the network sources (--storage rclone,sshfs,s3fs): rclone, sshfs + openssh-server (the sshd binary only:
+# Debian's policy-rc.d or a missing init keeps the system service from starting; the benchmark starts its
+# own on a free port), s3fs (never Debian's "fuse": it conflicts with fuse3; s3fs pulls only libfuse2),
+# moto's S3 server and boto3 (pip), and cc for the delay line (a source's delay=MS).
 # (bench_floor.py's reference daemon needs gcc, pkg-config and libfuse3-dev: system-deps installs them.)
+BENCH_APT := fio sqlite3 git rclone sshfs s3fs openssh-server gcc
 bench-deps: setup
-	@command -v fio >/dev/null && command -v sqlite3 >/dev/null && command -v git >/dev/null || \
-		{ $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq fio sqlite3 git; }
+	@for c in fio sqlite3 git rclone sshfs s3fs /usr/sbin/sshd cc; do command -v $$c >/dev/null || exit 1; done || \
+		{ $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq $(BENCH_APT); }
+	@$(PYTHON) -c "import moto.server, boto3" 2>/dev/null || $(PIP_INSTALL) 'moto[server]' boto3
 
 # The whole matrix takes hours at --scale 1: split it with BENCH_MATRIX_ARGS="--behaviours base,serial" etc.
 bench-matrix: bench-deps
@@ -49,6 +55,17 @@ bench-matrix: bench-deps
 # The floor of issue 23: fastfs next to libfuse's C passthrough example (built into /var/cache/fastfs-bench).
 bench-floor: setup
 	$(PYTHON) benchmarks/bench_floor.py $(BENCH_FLOOR_ARGS)
+
+# Issue 21's network-client rows: the matrix over rclone, sshfs and s3fs on loopback (BENCH_NET_ARGS adds e.g.
+# "--storage rclone:delay=2 --runs 3").
+BENCH_NET_ARGS ?=
+bench-net: bench-deps
+	$(PYTHON) benchmarks/bench_matrix.py --storage rclone,sshfs,s3fs --workloads @net,images $(BENCH_NET_ARGS)
+
+# Issue 22's long-timeline and changing-source scenarios (BENCH_CHANGING_ARGS="--pause 65 --runs 3").
+BENCH_CHANGING_ARGS ?=
+bench-changing: setup
+	$(PYTHON) benchmarks/bench_changing.py $(BENCH_CHANGING_ARGS)
 
 bench-local: setup
 	$(PYTHON) benchmarks/bench_local.py

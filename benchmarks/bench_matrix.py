@@ -1,21 +1,24 @@
-"""The benchmark matrix: every workload over several emulated storage behaviours, direct vs fastfs.
+"""The benchmark matrix: every workload over several storages, direct vs fastfs.
 
-For each chosen behaviour of the latency emulator (``latency_fs.Behaviour``: serialised or parallel
-lookups, read-ahead 128 KiB or none, page cache kept / dropped / direct_io, attribute timeout,
-latency, bandwidth per handle or per request) the emulator is mounted over the data set in RAM,
-and every chosen workload runs on it twice per run: ``direct`` (the emulator mount itself) and
-``fastfs`` (a fastfs mount of the emulator mount). Every cold run: fastfs remounted (empty cache,
-fresh state directory), page cache dropped (``sync; echo 3 > drop_caches``). Medians of ``--runs``.
+A storage is a behaviour of the latency emulator (``latency_fs.Behaviour``: serialised or parallel
+lookups, read-ahead, page cache kept / dropped / direct_io, attribute timeout, latency, bandwidth
+per handle or per request, per-handle ranged streams) or a real network client started on loopback
+(``rclone``, ``sshfs``, ``s3fs``: :mod:`benchkit.netsources`, optionally behind a delay line). It is
+mounted over the data set in RAM, and every chosen workload runs ``direct`` (the storage's mount)
+and ``fastfs`` (a fastfs mount of it), interleaved run by run. Every cold run: the network client
+remounted, fastfs remounted (empty cache, fresh state directory), page cache dropped (``sync; echo 3
+> drop_caches``). Medians of ``--runs``.
 
-Printed: one markdown table per behaviour as it finishes (so a long run shows progress), then the
-whole matrix: a compact table (workload rows x behaviour columns, ``direct / fastfs``), and a long
+Printed: one markdown table per storage as it finishes (so a long run shows progress), then the
+whole matrix: a compact table (workload rows x storage columns, ``direct / fastfs``), and a long
 table with times, ratio, run-to-run spread of fastfs, fetched/delivered and waste (fastfs stats),
-what the storage saw, and the error of every failed cell. ``--json FILE`` writes every cell's raw
-numbers as well.
+what the storage moved per byte of data (``src/data``) and answered (requests), and the error of
+every failed cell. ``--json FILE`` writes every cell's raw numbers as well.
 
-Run: ``python benchmarks/bench_matrix.py [--scale 0.25] [--runs 3] [--workloads random4k,sqlite]
-[--behaviours base,serial] [--behaviour slow=lat=5,dirops=serial] [--json out.json]``;
-``--list`` prints the workloads and the behaviour presets.
+Run: ``python benchmarks/bench_matrix.py [--scale 0.25] [--runs 3] [--workloads random4k,@net]
+[--storage rclone,sshfs:delay=2,s3fs,emu:issue14] [--behaviours base,serial]
+[--behaviour slow=lat=5,dirops=serial] [--json out.json]``; ``--list`` prints the workloads, the
+workload groups, the emulator presets and the network clients.
 """
 
 from __future__ import annotations
@@ -30,39 +33,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchkit.cli import RAM_ROOT  # noqa: E402
 from benchkit.datasets import Dataset  # noqa: E402
-from benchkit.measure import Cell, Fastfs, Native, measure, preimport  # noqa: E402
+from benchkit.measure import Cell, Fastfs, Native, measure_interleaved, preimport  # noqa: E402
 from benchkit.report import fmt_s, fmt_x, human_bytes, log, markdown_table, median, ratio  # noqa: E402
+from benchkit.storages import PRESET_NOTES, PRESETS, StorageSpec, emu_spec, parse_storages, started  # noqa: E402
 from benchkit.system import mountpoint, require_root  # noqa: E402
-from benchkit.workloads import BY_NAME, WORKLOADS, Plan  # noqa: E402
-from latency_fs import Behaviour, emulated  # noqa: E402
+from benchkit.workloads import BY_NAME, GROUPS, WORKLOADS, Plan  # noqa: E402
 
-# Behaviour presets: name -> spec over the defaults (1.5 ms, 400 MB/s per handle, read-ahead 128 KiB,
-# page cache kept, attr 1 s, parallel lookups).
-PRESETS: dict[str, str] = {
-    "base": "",
-    "serial": "dirops=serial",
-    "issue14": "dirops=serial,meta=0.8,bw=request",
-    "nora": "ra=0",
-    "drop": "cache=drop",
-    "direct": "cache=direct",
-    "perreq": "bw=request",
-    "lat0.5": "lat=0.5",
-    "lat5": "lat=5",
-}
-# What each preset stands for (for --list and the README).
-PRESET_NOTES: dict[str, str] = {
-    "base": "NFS-like client: 1.5 ms, 400 MB/s per handle, read-ahead 128 KiB, page cache kept, parallel lookups",
-    "serial": "lookups of one directory serialised (a FUSE source on libfuse 3.14: gcsfuse/s3fs/sshfs on Debian 12)",
-    "issue14": "the storage of issue 14: serialised lookups, 0.8 ms per open/lookup, bandwidth per request",
-    "nora": "no read-ahead on the source mount (buffered reads reach it page by page)",
-    "drop": "page cache dropped at every open (no keep_cache)",
-    "direct": "no page cache (direct_io): reads reach the source at the size asked; shared mmap fails",
-    "perreq": "bandwidth charged per request (object-store range GETs), not per handle",
-    "lat0.5": "0.5 ms per request (same rack)",
-    "lat5": "5 ms per request (object store, distant server)",
-}
 # Mount point names (under benchkit.system.MOUNT_ROOT).
-EMU_MOUNT = "matrix-emu"
+STORAGE_MOUNT = "matrix-storage"
 FASTFS_MOUNT = "matrix-fastfs"
 
 
@@ -72,9 +50,19 @@ def parse_args(argv: list[str] | None) -> Any:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", type=float, default=1.0, help="size factor of every data set (0.05 for a smoke run)")
     p.add_argument("--runs", type=int, default=3, help="timed cold runs per cell (median reported)")
-    p.add_argument("--workloads", "--only", default="", help="comma-separated workloads (default: all; see --list)")
+    p.add_argument(
+        "--workloads", "--only", default="", help="comma-separated workloads or @groups (default: all; see --list)"
+    )
     p.add_argument("--skip", default="", help="comma-separated workloads to leave out")
-    p.add_argument("--behaviours", default="", help="comma-separated presets (default: all; see --list)")
+    p.add_argument(
+        "--storage",
+        action="append",
+        default=[],
+        metavar="LIST",
+        help="storages: emu:PRESET|SPEC, rclone, sshfs, s3fs (options :delay=MS,keep=1), comma-separated, e.g. "
+        "rclone,sshfs:delay=2,s3fs,emu:issue14 (default: every emulator preset)",
+    )
+    p.add_argument("--behaviours", default="", help="comma-separated emulator presets (see --list)")
     p.add_argument(
         "--behaviour",
         action="append",
@@ -89,29 +77,42 @@ def parse_args(argv: list[str] | None) -> Any:
     return p, p.parse_args(argv)
 
 
-def chosen_behaviours(p: Any, args: Any) -> list[tuple[str, Behaviour]]:
+def chosen_storages(p: Any, args: Any) -> list[StorageSpec]:
+    """--storage items, then --behaviours presets, then --behaviour NAME=SPEC; default: every preset."""
     names = [n.strip() for n in args.behaviours.split(",") if n.strip()]
-    if not names and not args.behaviour:
+    if not names and not args.behaviour and not args.storage:
         names = list(PRESETS)
     unknown = [n for n in names if n not in PRESETS]
     if unknown:
         p.error(f"unknown behaviour(s) {', '.join(unknown)}; presets: {', '.join(PRESETS)}")
-    out = []
+    out: list[StorageSpec] = []
     try:
-        out = [(n, Behaviour.parse(PRESETS[n])) for n in names]
+        out = parse_storages(args.storage)
+        out += [emu_spec(n, n) for n in names]
         for item in args.behaviour:
             name, sep, spec = item.partition("=")
             if not sep or not name:
                 p.error(f"--behaviour wants NAME=SPEC, not {item!r}")
-            out.append((name, Behaviour.parse(spec)))
+            out.append(emu_spec(name, spec))
     except ValueError as e:
         p.error(str(e))
+    labels = [s.label for s in out]
+    if len(set(labels)) != len(labels):
+        p.error(f"a storage is named twice: {', '.join(labels)}")
+    return out
+
+
+def _expand(text: str) -> list[str]:
+    """Workload names, ``@GROUP`` expanded (unknown groups stay as they are and fail the check)."""
+    out: list[str] = []
+    for n in (n.strip() for n in text.split(",") if n.strip()):
+        out += list(GROUPS.get(n[1:], (n,))) if n.startswith("@") else [n]
     return out
 
 
 def chosen_workloads(p: Any, args: Any) -> list[str]:
-    names = [n.strip() for n in args.workloads.split(",") if n.strip()] or [w.name for w in WORKLOADS]
-    skip = {n.strip() for n in args.skip.split(",") if n.strip()}
+    names = _expand(args.workloads) or [w.name for w in WORKLOADS]
+    skip = set(_expand(args.skip))
     unknown = [n for n in [*names, *skip] if n not in BY_NAME]
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(BY_NAME)}")
@@ -124,21 +125,30 @@ def spread(times: list[float]) -> float | None:
     return (max(times) - min(times)) / med if len(times) > 1 and med else None
 
 
-def cell_record(workload: str, bname: str, b: Behaviour, plan: Plan | None, d: Cell, f: Cell) -> dict[str, Any]:
+def cell_record(workload: str, spec: StorageSpec, plan: Plan | None, d: Cell, f: Cell) -> dict[str, Any]:
     td, tf = median(d.total()), median(f.total())
+    nbytes = plan.nbytes if plan else None
     return {
         "workload": workload,
-        "behaviour": bname,
-        "spec": b.spec(),
-        "bytes": plan.nbytes if plan else None,
+        "behaviour": spec.label,
+        "spec": spec.describe(),
+        "bytes": nbytes,
         "note": plan.note if plan else "",
-        "direct": {"times": d.total(), "median": td, "error": d.error, "storage": d.storage(), "emu": d.emu},
+        "direct": {
+            "times": d.total(),
+            "median": td,
+            "error": d.error,
+            "storage": d.storage(),
+            "emu": d.emu,
+            "source_data": ratio(d.source_bytes(), nbytes),
+        },
         "fastfs": {
             "times": f.total(),
             "median": tf,
             "error": f.error,
             "storage": f.storage(),
             "emu": f.emu,
+            "source_data": ratio(f.source_bytes(), nbytes),
             "fetched_delivered": f.fetched_ratio(),
             "waste": f.waste_ratio(),
             "spread": spread(f.total()),
@@ -170,6 +180,8 @@ def long_rows(records: list[dict[str, Any]]) -> list[list[str]]:
                 _pct(f["spread"]),
                 fmt_x(f["fetched_delivered"]),
                 _pct(f["waste"]),
+                fmt_x(d["source_data"]),
+                fmt_x(f["source_data"]),
                 d["storage"],
                 f["storage"],
                 errors or r["note"],
@@ -180,7 +192,7 @@ def long_rows(records: list[dict[str, Any]]) -> list[list[str]]:
 
 LONG_HEADERS = [
     "workload",
-    "emulator",
+    "storage",
     "bytes",
     "direct s",
     "fastfs s",
@@ -188,6 +200,8 @@ LONG_HEADERS = [
     "fastfs spread",
     "fetched/deliv",
     "waste",
+    "src/data direct",
+    "src/data fastfs",
     "storage direct",
     "storage fastfs",
     "errors / notes",
@@ -210,40 +224,39 @@ def matrix_table(records: list[dict[str, Any]], workloads: list[str], behaviours
             else:
                 row.append(fmt_x(r["ratio"]))
         rows.append(row)
-    return markdown_table(["workload \\ emulator", *behaviours], rows)
+    return markdown_table(["workload \\ storage", *behaviours], rows)
 
 
-def run_behaviour(
-    bname: str, b: Behaviour, ds: Dataset, plans: dict[str, Plan | Exception], workloads: list[str], args: Any
+def run_storage(
+    spec: StorageSpec, ds: Dataset, plans: dict[str, Plan | Exception], workloads: list[str], args: Any
 ) -> list[dict[str, Any]]:
-    emu_mnt = mountpoint(EMU_MOUNT)
+    storage_mnt = mountpoint(STORAGE_MOUNT)
     fastfs_mnt = mountpoint(FASTFS_MOUNT)
     extra = [o for opt in args.fastfs_options for o in opt.split(",") if o]
     records = []
-    log(f"behaviour {bname}: {b.describe()}")
+    paths = sorted({p for name in workloads for p in getattr(plans[name], "paths", [])})
+    log(f"storage {spec.label}: {spec.describe()}")
     try:
-        with emulated(ds.dir, emu_mnt, behaviour=b) as emu:
+        with started(spec, ds.dir, storage_mnt, paths, os.path.dirname(ds.dir)) as st:
+            log(f"storage {spec.label} up: {st.describe()}")
             for name in workloads:
                 plan = plans[name]
                 if isinstance(plan, Exception):  # its data could not be made: a failed cell, the run goes on
                     failed = Cell(error=f"data: {type(plan).__name__}: {plan}")
-                    records.append(cell_record(name, bname, b, None, failed, failed))
+                    records.append(cell_record(name, spec, None, failed, failed))
                     continue
-                log(f"{bname} / {name}: direct")
-                d = measure(Native(emu.mnt, emu), plan.phases, args.runs)
-                log(f"{bname} / {name}: fastfs")
-                f = measure(
-                    Fastfs(emu.mnt, fastfs_mnt, [*extra, *plan.fastfs_options], emu=emu), plan.phases, args.runs
-                )
-                rec = cell_record(name, bname, b, plan, d, f)
+                log(f"{spec.label} / {name}: direct and fastfs, {args.runs} interleaved cold runs")
+                fastfs = Fastfs(st.mnt, fastfs_mnt, [*extra, *plan.fastfs_options], emu=st)
+                d, f = measure_interleaved([Native(st.mnt, st), fastfs], plan.phases, args.runs)
+                rec = cell_record(name, spec, plan, d, f)
                 td, tf = fmt_s(rec["direct"]["median"]), fmt_s(rec["fastfs"]["median"])
-                log(f"{bname} / {name}: direct {td} s, fastfs {tf} s, {fmt_x(rec['ratio'])}")
+                log(f"{spec.label} / {name}: direct {td} s, fastfs {tf} s, {fmt_x(rec['ratio'])}")
                 records.append(rec)
-    except Exception as e:  # the emulator itself failed: every remaining cell of this behaviour fails
+    except Exception as e:  # the storage itself failed: every remaining cell of it fails
         done = {r["workload"] for r in records}
-        failed = Cell(error=f"emulator: {type(e).__name__}: {e}")
-        records += [cell_record(n, bname, b, None, failed, failed) for n in workloads if n not in done]
-        log(f"behaviour {bname} FAILED: {e}")
+        failed = Cell(error=f"storage: {type(e).__name__}: {e}")
+        records += [cell_record(n, spec, None, failed, failed) for n in workloads if n not in done]
+        log(f"storage {spec.label} FAILED: {e}")
     return records
 
 
@@ -253,11 +266,15 @@ def main(argv: list[str] | None = None) -> int:
         print("workloads:")
         for w in WORKLOADS:
             print(f"  {w.name:16} {w.about}")
-        print("behaviour presets:")
+        print("emulator presets (--behaviours NAME or --storage emu:NAME):")
         for name, spec in PRESETS.items():
             print(f"  {name:8} {spec or '(defaults)':38} {PRESET_NOTES[name]}")
+        print("network clients (--storage NAME[:delay=MS,keep=1]): rclone, sshfs, s3fs")
+        print("workload groups (--workloads @NAME):")
+        for name, members in GROUPS.items():
+            print(f"  @{name:7} {','.join(members)}")
         return 0
-    behaviours = chosen_behaviours(p, args)
+    storages = chosen_storages(p, args)
     workloads = chosen_workloads(p, args)
     if args.runs < 1:
         p.error("--runs must be >= 1")
@@ -273,23 +290,24 @@ def main(argv: list[str] | None = None) -> int:
     preimport(sorted({m for pl in plans.values() if isinstance(pl, Plan) for m in pl.imports}))
     started = time.time()
     records: list[dict[str, Any]] = []
-    for bname, b in behaviours:
-        recs = run_behaviour(bname, b, ds, plans, workloads, args)
+    for spec in storages:
+        recs = run_storage(spec, ds, plans, workloads, args)
         records += recs
-        print(f"\n### emulator `{bname}`: {b.describe()}\n")
+        print(f"\n### storage `{spec.label}`: {spec.describe()}\n")
         print(markdown_table(LONG_HEADERS, long_rows(recs), LONG_LEFT), flush=True)
-    names = [n for n, _ in behaviours]
+    names = [s.label for s in storages]
     print(f"\n## direct / fastfs (above 1: fastfs faster), scale {args.scale:g}, medians of {args.runs} cold runs\n")
     print(matrix_table(records, workloads, names))
-    print("\nemulators:")
-    for n, b in behaviours:
-        print(f"- `{n}`: {b.describe()}")
+    print("\nstorages:")
+    for spec in storages:
+        print(f"- `{spec.label}`: {spec.describe()}")
     print("\n## every cell\n")
     print(markdown_table(LONG_HEADERS, long_rows(records), LONG_LEFT))
     print(
         "\nspread = (max - min) / median of fastfs's runs; fetched/deliv = bytes fastfs read from the source / "
-        "bytes it delivered; waste = prefetched bytes dropped unused / fetched; storage = emulator requests x "
-        "mean size per run",
+        "bytes it delivered; waste = prefetched bytes dropped unused / fetched; src/data = bytes the storage moved "
+        "(emulator: transferred; rclone/sshfs: the server process read; s3fs: the server sent) / the workload's "
+        "data; storage = data requests x mean size of all requests the storage answered, per run (medians)",
         flush=True,
     )
     if args.json:
@@ -297,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             "scale": args.scale,
             "runs": args.runs,
             "seconds": round(time.time() - started, 1),
-            "behaviours": {n: b.spec() for n, b in behaviours},
+            "storages": {spec.label: spec.describe() for spec in storages},
             "cells": records,
         }
         text = json.dumps(doc, indent=1, default=str)

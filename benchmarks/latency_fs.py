@@ -17,7 +17,11 @@ open, readlink and readdir a metadata latency (the cost model and the FUSE opera
   to NFS's acregmin);
 * ``parallel_dirops``: lookups and readdirs of one directory in parallel (a shim sets
   ``FUSE_PARALLEL_DIROPS`` in the INIT reply) or serialised by the kernel, which is what every
-  FUSE source on libfuse 3.14 (Debian 12) gets, since libfuse before 3.16 never passes the flag on.
+  FUSE source on libfuse 3.14 (Debian 12) gets, since libfuse before 3.16 never passes the flag on;
+* ``stream`` (with ``stream_waste_kb``, ``stream_skip_kb``): every handle is one ranged download,
+  as in rclone / s3fs / gcsfuse without their file cache: reads continuing the handle's stream
+  cost only their transfer, any other read restarts it (a new request latency plus a wasted
+  transfer); counted as ``restarts`` and ``transferred_bytes`` vs ``read_bytes``.
 
 Always: many worker threads and a raised ``max_background`` so the kernel may keep many read-ahead
 requests in flight. Counters (reads, bytes, opens, getattrs, readdirs, peak concurrency...) are
@@ -64,8 +68,19 @@ DEFAULT_LATENCY_MS = 1.5
 DEFAULT_MBPS = 400.0
 # Default FUSE worker threads: enough for 16 parallel preads plus lookups from other readers.
 DEFAULT_THREADS = 64
+# Kernel requests in flight (max_background): a network client pipelines many read-ahead requests.
+DEFAULT_MAX_BACKGROUND = 64
+# The reliability tests' source (tests/faultfs.py): no costs, no page cache (every read and lookup
+# reaches the emulator, so a fault applies to the very next request), zero kernel cache timeouts,
+# libfuse's own defaults for threads (10), max_background and serial lookups.
+FAULT_SPEC = "lat=0,meta=0,mbps=inf,cache=direct,attr=0,dirops=serial,threads=0,bg=default"
 # Kernel attribute / entry cache lifetime (s): the libfuse default, close to NFS's acregmin.
 DEFAULT_ATTR_TIMEOUT = 1.0
+# Wasted transfer of a restarted ranged stream (KiB): what an abandoned GET had in flight; rclone
+# serve on loopback moved about 12 MB per restarted 4 KiB read in this project's measurements.
+DEFAULT_STREAM_WASTE_KB = 8192
+# A stream read this far ahead (KiB) continues the stream by reading the gap (a skip, not a restart).
+DEFAULT_STREAM_SKIP_KB = 1024
 # The kernel's own default read-ahead of a new mount (KiB): what "leave it" means.
 KERNEL_READ_AHEAD_KB = 128
 # Name of the hidden counters file at the mount root (same as latency_ops.STATS_NAME; this module
@@ -77,6 +92,8 @@ MOUNT_TIMEOUT = 30.0
 POLL_INTERVAL = 0.05
 # Seconds to wait for the emulator process to exit after an unmount.
 EXIT_TIMEOUT = 15.0
+# Seconds an unmounted emulator gets to leave on its own before SIGTERM.
+UNMOUNT_EXIT_WAIT = 2.0
 # Timeout (s) of fusermount3 / umount helper commands.
 UMOUNT_TIMEOUT = 30.0
 # Where the parallel-dirops shim is built (keyed by a hash of its source).
@@ -239,7 +256,15 @@ class Behaviour:
     parallel_dirops: bool = True
     """Lookups of one directory in parallel (shim) or serialised (libfuse 3.14 as shipped)."""
     threads: int = DEFAULT_THREADS
-    """FUSE worker threads."""
+    """FUSE worker threads (0: libfuse's default, 10)."""
+    max_background: int | None = DEFAULT_MAX_BACKGROUND
+    """Kernel requests in flight (None: libfuse's default)."""
+    stream: bool = False
+    """Every handle is one ranged download stream (out-of-order reads restart it)."""
+    stream_waste_kb: int = DEFAULT_STREAM_WASTE_KB
+    """Wasted transfer charged by a stream restart (KiB)."""
+    stream_skip_kb: int = DEFAULT_STREAM_SKIP_KB
+    """A read up to this far ahead continues the stream (KiB)."""
 
     # short spec keys -> field names
     KEYS = {
@@ -253,6 +278,10 @@ class Behaviour:
         "attr": "attr_timeout",
         "dirops": "parallel_dirops",
         "threads": "threads",
+        "bg": "max_background",
+        "stream": "stream",
+        "waste": "stream_waste_kb",
+        "skip": "stream_skip_kb",
     }
 
     def __post_init__(self) -> None:
@@ -262,8 +291,14 @@ class Behaviour:
             raise ValueError(f"cache must be keep, drop or direct, not {self.cache!r}")
         if self.latency_ms < 0 or (self.meta_ms or 0) < 0 or self.mbps <= 0 or self.attr_timeout < 0:
             raise ValueError("lat, meta and attr must be >= 0 and mbps > 0")
-        if (self.read_ahead_kb is not None and self.read_ahead_kb < 0) or self.threads < 1:
-            raise ValueError("ra must be >= 0 and threads >= 1")
+        if (self.read_ahead_kb is not None and self.read_ahead_kb < 0) or self.threads < 0:
+            raise ValueError("ra and threads must be >= 0")
+        if self.max_background is not None and self.max_background < 1:
+            raise ValueError("bg must be >= 1 (or default)")
+        if self.stream and self.bandwidth != "handle":
+            raise ValueError("stream=on needs bw=handle (a stream is one handle's download)")
+        if self.stream_waste_kb < 0 or self.stream_skip_kb < 0:
+            raise ValueError("waste and skip must be >= 0")
 
     @classmethod
     def parse(cls, spec: str, base: Behaviour | None = None) -> Behaviour:
@@ -285,11 +320,15 @@ class Behaviour:
                     if value not in ("parallel", "serial"):
                         raise ValueError
                     changes[name] = value == "parallel"
+                elif name == "stream":
+                    if value not in ("on", "off"):
+                        raise ValueError
+                    changes[name] = value == "on"
                 elif name in ("bandwidth", "cache"):
                     changes[name] = value
-                elif name == "read_ahead_kb":
+                elif name in ("read_ahead_kb", "max_background"):
                     changes[name] = None if value in ("default", "kernel") else int(value)
-                elif name == "threads":
+                elif name in ("threads", "stream_waste_kb", "stream_skip_kb"):
                     changes[name] = int(value)
                 else:
                     changes[name] = float(value)
@@ -307,7 +346,9 @@ class Behaviour:
         return (
             f"lat={self.latency_ms:g},meta={self.meta_latency_ms:g},mbps={self.mbps:g},bw={self.bandwidth},"
             f"ra={ra},cache={self.cache},attr={self.attr_timeout:g},"
-            f"dirops={'parallel' if self.parallel_dirops else 'serial'},threads={self.threads}"
+            f"dirops={'parallel' if self.parallel_dirops else 'serial'},threads={self.threads},"
+            f"bg={'default' if self.max_background is None else self.max_background},"
+            f"stream={'on' if self.stream else 'off'},waste={self.stream_waste_kb},skip={self.stream_skip_kb}"
         )
 
     def describe(self) -> str:
@@ -318,6 +359,7 @@ class Behaviour:
             f"{self.latency_ms:g} ms{meta}, {self.mbps:g} MB/s per {self.bandwidth}, read-ahead {ra} KiB, "
             f"page cache {self.cache}, attr {self.attr_timeout:g} s, "
             f"lookups {'parallel' if self.parallel_dirops else 'serialised'}"
+            + (f", ranged streams per handle (restart wastes {self.stream_waste_kb} KiB)" if self.stream else "")
         )
 
     def args(self) -> list[str]:
@@ -342,6 +384,10 @@ class Behaviour:
             out += ["--read-ahead-kb", str(self.read_ahead_kb)]
         if not self.parallel_dirops:
             out.append("--serial-dirops")
+        out += ["--max-background", "default" if self.max_background is None else str(self.max_background)]
+        if self.stream:
+            out += ["--stream", "--stream-waste-kb", str(self.stream_waste_kb)]
+            out += ["--stream-skip-kb", str(self.stream_skip_kb)]
         return out
 
 
@@ -351,12 +397,18 @@ def behaviour_of(args: argparse.Namespace) -> Behaviour:
     if getattr(args, "behaviour", None):
         base = Behaviour.parse(args.behaviour)
     changes: dict[str, Any] = {}
-    for name in ("latency_ms", "meta_ms", "mbps", "bandwidth", "read_ahead_kb", "cache", "attr_timeout", "threads"):
+    names = ("latency_ms", "meta_ms", "mbps", "bandwidth", "read_ahead_kb", "cache", "attr_timeout", "threads")
+    for name in (*names, "stream_waste_kb", "stream_skip_kb"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
+    bg = getattr(args, "max_background", None)
+    if bg is not None:
+        changes["max_background"] = None if bg == "default" else int(bg)
     if getattr(args, "serial_dirops", False):
         changes["parallel_dirops"] = False
+    if getattr(args, "stream", False):
+        changes["stream"] = True
     return dataclasses.replace(base, **changes)
 
 
@@ -377,6 +429,10 @@ def run_foreground(args: argparse.Namespace, argv: list[str]) -> int:
         bandwidth=b.bandwidth,
         cache=b.cache,
         attr_timeout=b.attr_timeout,
+        stream=b.stream,
+        stream_waste=b.stream_waste_kb * 1024,
+        stream_skip=b.stream_skip_kb * 1024,
+        max_background=b.max_background,
     )
     on_init = None
     if b.read_ahead_kb is not None:
@@ -385,7 +441,7 @@ def run_foreground(args: argparse.Namespace, argv: list[str]) -> int:
         def on_init() -> None:
             threading.Thread(target=_set_read_ahead, args=(mnt, kb), daemon=True).start()
 
-    return latency_ops.serve(args.src, args.mnt, model, b.threads, on_init)
+    return latency_ops.serve(args.src, args.mnt, model, b.threads, on_init, args.control, args.fsname)
 
 
 # -- helpers for callers --------------------------------------------------------------------------
@@ -425,8 +481,15 @@ class Emulator:
         return self.stats()["counters"]
 
 
-def _command(src: str, mnt: str, behaviour: Behaviour) -> list[str]:
-    return [sys.executable, os.path.abspath(__file__), src, mnt, "--foreground", *behaviour.args()]
+def _command(
+    src: str, mnt: str, behaviour: Behaviour, control: str | None = None, fsname: str | None = None
+) -> list[str]:
+    cmd = [sys.executable, os.path.abspath(__file__), src, mnt, "--foreground", *behaviour.args()]
+    if control:
+        cmd += ["--control", control]
+    if fsname:
+        cmd += ["--fsname", fsname]
+    return cmd
 
 
 def _wait_live(mnt: str, proc: subprocess.Popen, log_path: str, timeout: float, read_ahead_kb: int | None) -> None:
@@ -455,7 +518,9 @@ def _stop(mnt: str, proc: subprocess.Popen) -> None:
                 subprocess.run(
                     ["fusermount3", "-u", "-q", mnt], timeout=UMOUNT_TIMEOUT, capture_output=True, check=False
                 )
-            if is_fuse_mount(mnt):  # busy (a file still open): let libfuse detach it on SIGTERM
+            try:  # unmounted: libfuse's loop ends by itself; busy or gone already: SIGTERM detaches it
+                proc.wait(timeout=UNMOUNT_EXIT_WAIT)
+            except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=EXIT_TIMEOUT)
@@ -466,10 +531,16 @@ def _stop(mnt: str, proc: subprocess.Popen) -> None:
         force_unmount(mnt)
 
 
-def _start(src: str, mnt: str, behaviour: Behaviour, log_path: str) -> subprocess.Popen:
+def _start(
+    src: str, mnt: str, behaviour: Behaviour, log_path: str, control: str | None = None, fsname: str | None = None
+) -> subprocess.Popen:
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            _command(src, mnt, behaviour), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            _command(src, mnt, behaviour, control, fsname),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
 
 
@@ -488,11 +559,14 @@ def emulated(
     timeout: float = MOUNT_TIMEOUT,
     *,
     behaviour: Behaviour | None = None,
+    control: str | None = None,
+    fsname: str | None = None,
 ) -> Iterator[Emulator]:
     """Mount the emulator of *src* on *mnt* for the duration of the block; always unmounts.
 
     The keyword arguments describe the behaviour (``keep_cache=False`` is ``cache="drop"``); a
-    *behaviour* given instead overrides all of them.
+    *behaviour* given instead overrides all of them. *control*: the fault switches' control file
+    (see :mod:`latency_ops`); *fsname*: the mount's name (default ``latency_fs``).
     """
     if behaviour is None:
         behaviour = Behaviour(
@@ -508,7 +582,7 @@ def emulated(
     if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix="latency_fs.", suffix=".log")
         os.close(fd)
-    proc = _start(src, mnt, behaviour, log_path)
+    proc = _start(src, mnt, behaviour, log_path, control, fsname)
     try:
         _wait_live(mnt, proc, log_path, timeout, behaviour.read_ahead_kb)
         yield Emulator(src, mnt, proc, log_path, behaviour)
@@ -527,7 +601,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--behaviour",
         default=None,
         help="settings as key=value,... (lat, meta, mbps, bw=handle|request, ra, cache=keep|drop|direct, attr, "
-        "dirops=parallel|serial, threads); the options below override it",
+        "dirops=parallel|serial, threads, stream=on|off, waste=KiB, skip=KiB); the options below override it",
     )
     p.add_argument("--latency-ms", type=float, default=None, help=f"cost of every request (ms, {DEFAULT_LATENCY_MS})")
     p.add_argument("--meta-ms", type=float, default=None, help="cost of every metadata request (default: latency)")
@@ -542,7 +616,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"set the mount's bdi read_ahead_kb (default: leave the kernel's {KERNEL_READ_AHEAD_KB}; 0: none)",
     )
     p.add_argument("--cache", choices=("keep", "drop", "direct"), default=None, help="kernel page cache of the mount")
-    p.add_argument("--threads", type=int, default=None, help=f"FUSE worker threads ({DEFAULT_THREADS})")
+    p.add_argument("--threads", type=int, default=None, help=f"FUSE worker threads ({DEFAULT_THREADS}; 0: libfuse's)")
+    p.add_argument(
+        "--max-background",
+        default=None,
+        help=f"kernel requests in flight ({DEFAULT_MAX_BACKGROUND}; default: libfuse's)",
+    )
+    p.add_argument("--control", default=None, help="control file of the fault switches (JSON: eio, hang, hang_meta)")
+    p.add_argument("--fsname", default="latency_fs", help="name of the mount (latency_fs)")
     p.add_argument("--attr-timeout", type=float, default=None, help="entry/attr cache seconds (1)")
     p.add_argument("--no-keep-cache", action="store_true", help="same as --cache drop")
     p.add_argument(
@@ -550,6 +631,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="do not preload the shim that enables parallel lookups in one directory",
     )
+    p.add_argument("--stream", action="store_true", help="every handle is one ranged download stream")
+    p.add_argument("--stream-waste-kb", type=int, default=None, help="wasted transfer of a stream restart (KiB)")
+    p.add_argument("--stream-skip-kb", type=int, default=None, help="a read this far ahead continues a stream")
     p.add_argument("--foreground", action="store_true", help="stay in the foreground (else return once live)")
     p.add_argument("--log", default=None, help="log file of a background emulator (default: a temp file)")
     p.add_argument("--umount", metavar="MNT", help="unmount an emulator mount and exit")

@@ -34,6 +34,11 @@ TREE_FILE_MAX = 64 * KIB
 # 3 MLP matrices of HF_MLP_FACTOR x the hidden size, 2 norms).
 HF_HIDDEN = 512
 HF_MLP_FACTOR = 2
+# Image folder (ImageFolder layout: one directory per class): file sizes drawn uniformly from this
+# range (JPEGs of a 224-px crop data set), spread over this many classes.
+IMAGE_MIN = 100 * KIB
+IMAGE_MAX = 200 * KIB
+IMAGE_CLASSES = 10
 # Directory names copied for the numpy package: the package and the wheel's bundled libraries.
 NUMPY_DIRS = ("numpy", "numpy.libs")
 
@@ -83,6 +88,21 @@ def make_tree(path: str, dirs: int, files_per_dir: int) -> None:
         for i in range(files_per_dir):
             with open(os.path.join(sub, f"f{i:04d}.dat"), "wb") as f:
                 f.write(rng.randbytes(rng.randint(TREE_FILE_MIN, TREE_FILE_MAX)))
+    os.replace(tmp, path)
+
+
+def make_image_folder(path: str, count: int, classes: int = IMAGE_CLASSES) -> None:
+    """*count* "images" (random bytes, IMAGE_MIN..IMAGE_MAX, ``.jpg``) dealt round-robin into
+    *classes* class directories ``class_NN/`` (torchvision's ImageFolder layout)."""
+    rng = random.Random(SEED + 15)
+    tmp = path + ".tmp"
+    _fresh(tmp)
+    for c in range(classes):
+        os.makedirs(os.path.join(tmp, f"class_{c:02d}"))
+    for i in range(count):
+        name = os.path.join(tmp, f"class_{i % classes:02d}", f"img_{i:06d}.jpg")
+        with open(name, "wb") as f:
+            f.write(rng.randbytes(rng.randint(IMAGE_MIN, IMAGE_MAX)))
     os.replace(tmp, path)
 
 

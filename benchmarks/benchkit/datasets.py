@@ -99,9 +99,9 @@ class Dataset:
         return path
 
     # files
-    def npy(self, name: str = "big.npy") -> str:
-        """A float32 .npy of ~big_bytes."""
-        n = self.big_bytes // 4
+    def npy(self, name: str = "big.npy", nbytes: int | None = None) -> str:
+        """A float32 .npy of ~*nbytes* (default big_bytes)."""
+        n = (self.big_bytes if nbytes is None else nbytes) // 4
         return self._make(name, {"kind": "npy", "elements": n}, lambda p: make_npy(p, n))
 
     def raw(self, name: str = "big.bin", nbytes: int | None = None) -> str:
@@ -116,8 +116,8 @@ class Dataset:
             name, {"kind": "small", "count": n, "size": SMALL_SIZE}, lambda p: make_small_files(p, n, SMALL_SIZE)
         )
 
-    def torch_state(self, name: str = "state.pt") -> str:
-        n = self.big_bytes
+    def torch_state(self, name: str = "state.pt", nbytes: int | None = None) -> str:
+        n = self.big_bytes if nbytes is None else nbytes
         return self._make(name, {"kind": "torch", "bytes": n}, lambda p: make_torch_state(p, n))
 
     def paddle_state(self, name: str = "state.pdparams") -> str:
@@ -142,6 +142,16 @@ class Dataset:
         """A directory of *count* files of *size* random bytes (``NNNNNN.bin``)."""
         spec = {"kind": "sized_files", "count": count, "size": size}
         return self._make(name, spec, lambda p: datagen.make_files(p, [size] * count, SEED + 20))
+
+    def image_folder(self, name: str, count: int) -> str:
+        """An ImageFolder tree of *count* files of 100-200 KiB in class directories."""
+        spec = {"kind": "images", "count": count, "classes": datagen.IMAGE_CLASSES, "max": datagen.IMAGE_MAX}
+        return self._make(name, spec, lambda p: datagen.make_image_folder(p, count))
+
+    def safetensors_sized(self, name: str, nbytes: int) -> str:
+        """A safetensors file of ~*nbytes* (the state dict layout of :meth:`safetensors`)."""
+        spec = {"kind": "safetensors_sized", "bytes": nbytes}
+        return self._make(name, spec, lambda p: make_safetensors(p, nbytes))
 
     def tree(self, name: str, dirs: int, files_per_dir: int) -> str:
         spec = {"kind": "tree", "dirs": dirs, "files": files_per_dir}

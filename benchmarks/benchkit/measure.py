@@ -19,8 +19,8 @@ from .mounts import FastfsMount, fastfs_mount
 from .report import human_bytes, log, median, timed
 from .system import drop_caches
 
-# Counters of the emulator diffed around each timed run (what the storage saw).
-EMU_COUNTERS = ("reads", "read_bytes", "opens", "getattrs")
+# Storage counters that are gauges, not counts (never diffed around a run).
+GAUGES = ("max_inflight", "max_inflight_reads", "active")
 
 
 class Native:
@@ -94,12 +94,22 @@ class Cell:
         return [sum(t[i] for t in self.times) for i in range(runs)]
 
     def storage(self) -> str:
-        """Median storage requests and mean request size seen by the emulator per run."""
+        """What the storage saw per run (medians): data requests x mean size, and all requests.
+
+        The mean size is the source's data volume (``source_bytes``: the emulator's transferred
+        bytes, a server's read bytes) per data request."""
         if not self.emu:
             return "-"
-        reads = median(e["reads"] for e in self.emu) or 0
-        nbytes = median(e["read_bytes"] for e in self.emu) or 0
-        return f"{reads:.0f}x{human_bytes(nbytes / reads) if reads else '-'}"
+        reads = median(e.get("data_requests", e.get("reads", 0)) for e in self.emu) or 0
+        nbytes = self.source_bytes() or 0
+        total = median(e.get("requests", reads) for e in self.emu) or 0
+        return f"{reads:.0f}x{human_bytes(nbytes / reads) if reads else '-'} of {total:.0f} req"
+
+    def source_bytes(self) -> float | None:
+        """Median bytes the storage moved per run (emulator: transferred; servers: read or sent)."""
+        if not self.emu:
+            return None
+        return median(e.get("source_bytes", e.get("read_bytes", 0)) for e in self.emu)
 
     def sizes(self) -> str:
         return request_sizes(self.snaps[-1]) if self.snaps else "-"
@@ -112,10 +122,27 @@ class Cell:
 
 
 def _emu_counters(emu: Any) -> dict[str, float] | None:
+    """Cumulative counters of the storage (an Emulator or a benchkit.storages.Storage), derived keys filled."""
     if emu is None:
         return None
-    c = emu.counters()
-    return {k: c.get(k, 0) for k in EMU_COUNTERS}
+    from .storages import derive
+
+    return {k: float(v) for k, v in derive(emu.counters()).items() if isinstance(v, (int, float))}
+
+
+def _reset_storage(contender: Native | Fastfs) -> None:
+    """Before a cold run: let the storage start cold too (network clients remount; no-op otherwise)."""
+    reset = getattr(contender.emu, "reset", None)
+    if reset is not None:
+        reset()
+
+
+def _cold_run(cell: Cell, contender: Native | Fastfs, phases: Sequence[Callable[[str], Any]]) -> None:
+    _reset_storage(contender)
+    with contender.session() as (root, mount):
+        drop_caches()
+        _run_phases(cell, contender, phases, root)
+        _collect(cell, mount)
 
 
 def measure(contender: Native | Fastfs, phases: Sequence[Callable[[str], Any]], runs: int, cold: bool = True) -> Cell:
@@ -130,10 +157,7 @@ def measure(contender: Native | Fastfs, phases: Sequence[Callable[[str], Any]], 
     try:
         if cold:
             for _ in range(runs):
-                with contender.session() as (root, mount):
-                    drop_caches()
-                    _run_phases(cell, contender, phases, root)
-                    _collect(cell, mount)
+                _cold_run(cell, contender, phases)
         else:
             with contender.session() as (root, mount):
                 for phase in phases:
@@ -153,7 +177,26 @@ def _run_phases(cell: Cell, contender: Native | Fastfs, phases: Sequence[Callabl
         cell.times[i].append(timed(lambda phase=phase: phase(root)))
     after = _emu_counters(contender.emu)
     if before is not None and after is not None:
-        cell.emu.append({k: after[k] - before[k] for k in EMU_COUNTERS})
+        cell.emu.append({k: v - before.get(k, 0) for k, v in after.items() if k not in GAUGES})
+
+
+def measure_interleaved(
+    contenders: Sequence[Native | Fastfs], phases: Sequence[Callable[[str], Any]], runs: int
+) -> list[Cell]:
+    """Cold runs of every contender, interleaved (run 1 of each, then run 2 of each, ...), so a slow
+    minute of a shared machine hits both sides of a ratio. A contender that fails stops its own runs;
+    the others go on."""
+    cells = [Cell(times=[[] for _ in phases]) for _ in contenders]
+    for _ in range(runs):
+        for contender, cell in zip(contenders, cells, strict=True):
+            if cell.error:
+                continue
+            try:
+                _cold_run(cell, contender, phases)
+            except Exception as e:  # reported in its table, the benchmark goes on
+                cell.error = f"{type(e).__name__}: {e}"
+                log(f"FAILED {contender.kind}: {cell.error}")
+    return cells
 
 
 def _collect(cell: Cell, mount: FastfsMount | None) -> None:

@@ -22,8 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastfs.daemon.control import STATS_RELPATH, XATTR_STATS
-
+from .fastfs_api import STATS_RELPATH, XATTR_STATS
 from .system import alive, find_daemon_pid, force_unmount, is_mounted, peak_rss
 
 # Seconds allowed for `fastfs mount` / `fastfs umount` to return.

@@ -223,3 +223,10 @@ def safetensors_model_order(path: str, keys: Sequence[str]) -> int:
             param.copy_(t)
             nbytes += param.numel() * param.element_size()
     return nbytes
+
+
+def safetensors_layers_half(path: str, keys: Sequence[str]) -> int:
+    """transformers-style lazy load of half the model: ``safe_open``, then ``get_tensor`` + copy of
+    the keys given (the caller passes the first half of the layers, in model order), as a pipeline
+    stage or a partial load (``device_map``) reads them."""
+    return safetensors_model_order(path, keys)

@@ -34,11 +34,11 @@ def is_mounted(path: str) -> bool:
 
 
 def force_unmount(path: str) -> None:
-    """Unmount the FUSE mount at *path* while it is one; never raises: fastfs.daemon.mount.force_unmount,
-    for any FUSE (emulators too)."""
-    from fastfs.daemon import mount
+    """Unmount the FUSE mount at *path* while it is one; never raises: the product's forced unmount,
+    for any FUSE (emulators and network clients too)."""
+    from .fastfs_api import force_unmount_any
 
-    mount.force_unmount(path, any_fuse=True)
+    force_unmount_any(path)
 
 
 def fs_type(path: str) -> str:

@@ -30,6 +30,12 @@ SQLITE_LOOKUPS = 3000
 LOADER_FILES = 2000
 LOADER_WORKERS = 4
 LOADER_BATCH = 16
+# Image folder (issue 21): images at --scale 1 (100-200 KiB each, in class folders), DataLoader
+# workers and batch size (a ResNet-style training loader).
+IMAGE_COUNT = 3000
+IMAGE_BATCH = 32
+# The checkpoint loads of the network-client rows of issue 21: 256 MiB at --scale 1.
+MID_BYTES = 256 * MIB
 # Threads of the many-threads small-file reader.
 SMALL_THREADS = 16
 # Random large reads: readers, request size, most requests per reader.
@@ -66,6 +72,9 @@ class Plan:
     imports: tuple[str, ...] = ()
     fastfs_options: list[str] = field(default_factory=list)
     note: str = ""
+    paths: list[str] = field(default_factory=list)
+    """What the phases read, relative to the data set (files or directories): what a storage that
+    holds copies (the S3 server of ``s3fs``) must be given."""
 
 
 @dataclass(frozen=True)
@@ -88,13 +97,20 @@ def _size(path: str) -> int:
 def _file(ds: Dataset, path: str, fn: Callable[..., Any], *args: Any, imports: tuple[str, ...] = ()) -> Plan:
     """A plan of one phase calling ``fn(root/path, *args)``."""
     rel = _rel(ds, path)
-    return Plan([lambda root: fn(os.path.join(root, rel), *args)], _size(path), imports)
+    return Plan([lambda root: fn(os.path.join(root, rel), *args)], _size(path), imports, paths=[rel])
 
 
 def _files(ds: Dataset, paths: list[str], fn: Callable[..., Any], *args: Any, imports: tuple[str, ...] = ()) -> Plan:
     """A plan of one phase calling ``fn([root/p for p in paths], *args)``."""
     rels = [_rel(ds, p) for p in paths]
-    return Plan([lambda root: fn([os.path.join(root, r) for r in rels], *args)], sum(map(_size, paths)), imports)
+    phase = [lambda root: fn([os.path.join(root, r) for r in rels], *args)]
+    return Plan(phase, sum(map(_size, paths)), imports, paths=_parents(rels))
+
+
+def _parents(rels: list[str]) -> list[str]:
+    """The directories holding *rels* when they hold nothing else the plan skips, else the files."""
+    dirs = {os.path.dirname(r) for r in rels}
+    return sorted(dirs) if "" not in dirs and len(dirs) < len(rels) else list(rels)
 
 
 # -- builders -----------------------------------------------------------------------------------------
@@ -113,6 +129,47 @@ def _dataloader(ds: Dataset) -> Plan:
     small = ds.small_dir("small-loader", ds.scaled(LOADER_FILES, 200))
     paths = readers.small_file_list(small, False)
     return _files(ds, paths, clients.dataloader_epoch, LOADER_WORKERS, LOADER_BATCH, imports=("torch",))
+
+
+def _images(ds: Dataset) -> Plan:
+    top = ds.image_folder("images", ds.scaled(IMAGE_COUNT, 200))
+    return _file(ds, top, clients.image_folder_epoch, LOADER_WORKERS, IMAGE_BATCH, imports=("torch",))
+
+
+def _mid_bytes(ds: Dataset) -> int:
+    return max(MIB, int(MID_BYTES * ds.scale) // MIB * MIB)
+
+
+def _npy256(ds: Dataset) -> Plan:
+    return _file(ds, ds.npy("mid.npy", _mid_bytes(ds)), readers.np_load, imports=("numpy",))
+
+
+def _torch256(ds: Dataset) -> Plan:
+    return _file(ds, ds.torch_state("mid.pt", _mid_bytes(ds)), readers.torch_load, imports=("torch",))
+
+
+def _safetensors256(ds: Dataset) -> Plan:
+    path = ds.safetensors_sized("model-256m.safetensors", _mid_bytes(ds))
+    return _file(ds, path, readers.safetensors_load_touch, imports=("safetensors.torch",))
+
+
+def _hf_half(ds: Dataset) -> Plan:
+    """The first half of the layers (with the embeddings before them), in model order."""
+    shapes = datagen.hf_layer_shapes(ds.big_bytes)
+    layers = sum(1 for name, _ in shapes if name.endswith("input_layernorm.weight"))
+    half = [n for n, _ in shapes if not n.startswith("model.layers.") or int(n.split(".")[2]) < layers // 2]
+    half = [n for n in half if n not in ("model.norm.weight", "lm_head.weight")]
+    plan = _file(ds, ds.hf_safetensors(), readers.safetensors_layers_half, half, imports=("safetensors.torch",))
+    plan.nbytes = sum(4 * _numel(shape) for name, shape in shapes if name in set(half))
+    plan.note = f"{len(half)} of {len(shapes)} tensors (layers 0-{layers // 2 - 1} of {layers})"
+    return plan
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _random4k(ds: Dataset) -> Plan:
@@ -207,6 +264,7 @@ def _over_budget(ds: Dataset) -> Plan:
         2 * _size(top),
         fastfs_options=[f"cache.budget={budget}"],
         note=f"fastfs budget {budget // MIB} MiB, data {OVER_FACTOR}x it, read twice",
+        paths=[_rel(ds, top)],
     )
 
 
@@ -230,10 +288,17 @@ WORKLOADS: tuple[Workload, ...] = (
         _loader(readers.safetensors_load_touch, "safetensors.torch", Dataset.safetensors),
     ),
     Workload("safetensors_hf", "safe_open + get_tensor per key in model order (transformers)", _hf_safetensors),
+    Workload("npy256", "np.load of a 256 MiB .npy (issue 21's network-client size)", _npy256),
+    Workload("torch256", "torch.load of a 256 MiB state dict", _torch256),
+    Workload("safetensors256", "safetensors load_file + every tensor touched, 256 MiB", _safetensors256),
+    Workload("safetensors_hf_half", "safe_open + get_tensor of the first half of the layers, model order", _hf_half),
     Workload("small_sorted", "one reader, 10,000 files of 3 KiB, name order", _small(False)),
     Workload("small_shuffled", "one reader, 10,000 files of 3 KiB, shuffled", _small(True)),
     Workload("threads16_small", "16 threads reading the 10,000 small files", _threads_small),
     Workload("dataloader", "torch DataLoader, 4 workers, shuffled epoch over 2,000 small files", _dataloader),
+    Workload(
+        "images", "ImageFolder-like DataLoader, 4 workers, shuffled: 3,000 images of 100-200 KiB, 10 classes", _images
+    ),
     Workload("random4k", "2,000 random 4 KiB preads in a 1 GiB file", _random4k),
     Workload("random256k_4", "4 threads of random 256 KiB preads in a 1 GiB file", _random256k),
     Workload(
@@ -260,3 +325,21 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("over_budget", "data set 10x the fastfs budget, 256 KiB files, two shuffled epochs", _over_budget),
 )
 BY_NAME = {w.name: w for w in WORKLOADS}
+
+# Named sets of workloads (``--workloads @NAME``): the rows of issue 21's tables.
+GROUPS: dict[str, tuple[str, ...]] = {
+    # over the stream-oriented network clients (rclone, s3fs, sshfs)
+    "net": ("npy256", "torch256", "safetensors256", "safetensors_hf_half", "small_shuffled", "random4k"),
+    # storage that answers metadata one request at a time (emu:issue14)
+    "small": (
+        "small_sorted",
+        "small_shuffled",
+        "tree_walk",
+        "threads16_small",
+        "dataloader",
+        "images",
+        "random4k",
+    ),
+    # large loads that must not regress
+    "large": ("npy", "torch", "safetensors", "safetensors_hf", "two_procs"),
+}
