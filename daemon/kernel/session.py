@@ -368,7 +368,8 @@ class Session:
             current = worker.current
             if current is not None and current[0] == unique:
                 worker.current = (current[0], current[1], current[2], True)
-                self._interrupts += 1
+                with self._lock:  # (_interrupts is counted by any worker: guarded by _lock)
+                    self._interrupts += 1
                 return True
         return False
 
