@@ -330,7 +330,7 @@ class KernelOps:
             node = self._node(nodeid)
             self.engine.read_into(0, offset, dest, node.path, node.version, parts)
         else:
-            self.engine.read_into(fh, offset, dest, parts=parts)
+            self.engine.read_into(fh, offset, dest, None, None, parts)  # (positional: no keyword parsing)
         return parts.views  # RAM blocks and source bytes in file order, sent by one writev
 
     def abandoned(self, opcode: int, body: memoryview) -> None:
