@@ -36,18 +36,41 @@ Dirent = tuple[str, int, int]
 class StatLike(Protocol):
     """What an attribute reply reads of an ``os.stat_result`` (virtual nodes have their own)."""
 
-    st_ino: int
-    st_size: int
-    st_blocks: int
-    st_atime_ns: int
-    st_mtime_ns: int
-    st_ctime_ns: int
-    st_mode: int
-    st_nlink: int
-    st_uid: int
-    st_gid: int
-    st_rdev: int
-    st_blksize: int
+    @property
+    def st_ino(self) -> int: ...
+
+    @property
+    def st_size(self) -> int: ...
+
+    @property
+    def st_blocks(self) -> int: ...
+
+    @property
+    def st_atime_ns(self) -> int: ...
+
+    @property
+    def st_mtime_ns(self) -> int: ...
+
+    @property
+    def st_ctime_ns(self) -> int: ...
+
+    @property
+    def st_mode(self) -> int: ...
+
+    @property
+    def st_nlink(self) -> int: ...
+
+    @property
+    def st_uid(self) -> int: ...
+
+    @property
+    def st_gid(self) -> int: ...
+
+    @property
+    def st_rdev(self) -> int: ...
+
+    @property
+    def st_blksize(self) -> int: ...
 
 
 _NS = 1_000_000_000
