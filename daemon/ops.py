@@ -244,7 +244,11 @@ class KernelOps:
             raise _error(errno.ENOSYS, "open-less mode")  # the kernel stops sending OPEN/RELEASE
         node = self._node(nodeid)
         opened = self._open_version(node, r.flags)
-        route, backing = self.nodes.acquire(node, opened.route, join=True)
+        try:
+            route, backing = self.nodes.acquire(node, opened.route, join=True)
+        except BaseException:  # (only the debug invariant checks raise here)
+            self.engine.release(opened.fh)
+            raise
         try:
             if route != opened.route:  # another open of this node settled the other route meanwhile
                 opened = self.engine.reroute(opened.fh, route)
