@@ -1,10 +1,13 @@
 """The operations adapter: kernel requests (node ids, handles, offsets) to engine calls (paths).
 
-Design: every decision about caching, prefetch and the route of an open lives in the engine; this
-module translates. It keeps the node table (:mod:`fastfs.fsio.nodes`: one node id per source
-version), parses request bodies with the structs of :mod:`fastfs.daemon.kernel.abi`, and builds
-reply payloads. Errors: an ``OSError`` from the engine becomes the errno of the reply (the session
-turns other exceptions into EIO with a rate-limited log line; there is no per-request logging).
+A thin translation layer, as mountpoint-s3's ``fuse.rs`` is: each handler takes a typed request
+(decoded by :mod:`fastfs.daemon.kernel.requests`), asks the engine (by path) or the node table
+(:mod:`fastfs.daemon.nodes`: one node id per source version), and returns a reply built by
+:mod:`fastfs.daemon.kernel.replies`. Every decision about caching, prefetch and the route of an open
+lives in the engine; the hidden ``/.fastfs`` directory is :mod:`fastfs.daemon.controlfs`, directory
+passes are :mod:`fastfs.daemon.listings`. Errors: an ``OSError`` becomes the errno of the reply (the
+session turns other exceptions into EIO with a rate-limited log line; there is no per-request
+logging).
 
 Consistency (one inode per version, close-to-open):
 
@@ -17,18 +20,30 @@ Consistency (one inode per version, close-to-open):
 * GETATTR of an open file (``fstat``) answers the node's own version. A path ``stat`` of a node whose
   source changed or vanished answers ESTALE, which makes the kernel revalidate the name the same way.
 
-Route of an open (``fuse.passthrough``): *served* opens are read through the engine; *passthrough*
-opens hand the source descriptor to the kernel (``FUSE_DEV_IOC_BACKING_OPEN``) so reads and mmap go
-straight to the source file and never reach the daemon. The kernel requires every open handle of
-one inode to use the same route and backing file: the node table keeps the route and backing id
-while a node has open handles; the id is closed after its last release.
+The open walk (the engine's side is in :mod:`fastfs.fsio.opening`, which decides the route)::
 
-Control channel: a hidden directory ``/.fastfs`` (reserved node ids, not listed in the root; a
-source entry of that name is hidden) holds ``stats``, a JSON snapshot served with direct I/O, one
-snapshot per open; the ``user.fastfs.*`` extended attributes (stats, warm jobs, cache reports,
-evictions). Both are answered by a :class:`~fastfs.daemon.controller.Controller` with the request's
-caller (uid, gid, pid from the request header, supplementary groups from ``/proc``), which decides
-what the answer may contain. The mount is read-only: every write-type request answers EROFS.
+    KernelOps.open(request, OpenIn)
+      -> Engine.open(path, flags, expect=node.version, cached=node.seen, held_route=the node's route)
+           -> Opener: revalidate, handle, Route(kind, backing_fd, on_disk)
+      -> NodeTable.acquire(node, route, join=True): the node's open handles share one route
+         [another open settled the other route meanwhile: Engine.reroute(fh, held)]
+         [passthrough, no backing id yet: Session.backing_open(fd) -> NodeTable.attach_backing;
+          the kernel refused: NodeTable.fall_back, Engine.refused(fh, why): served from now on]
+      -> replies.open_reply(fh, flags, backing id)
+
+*Served* opens are read through the engine; *passthrough* opens hand a descriptor to the kernel
+(``FUSE_DEV_IOC_BACKING_OPEN``) so reads and mmap go straight to that file and never reach the
+daemon. The node table keeps the route and backing id while a node has open handles; the id is
+closed after its last release.
+
+Control channel: the ``/.fastfs`` directory (:mod:`fastfs.daemon.controlfs`) and the
+``user.fastfs.*`` extended attributes (stats, warm jobs, cache reports, evictions), both answered by
+a :class:`~fastfs.daemon.controller.Controller` with the request's caller (uid, gid, pid from the
+request header, supplementary groups from ``/proc``), which decides what the answer may contain.
+The mount is read-only: every write-type request answers EROFS.
+
+Concurrency: ``_lock`` guards ``_handles``, ``_lookups`` and ``lookups_max``; the node table, the
+listings and the control file system have their own locks; the engine documents its own.
 """
 
 from __future__ import annotations
@@ -39,104 +54,60 @@ import logging
 import os
 import stat
 import threading
-import time
-from collections import OrderedDict
 from typing import Any
 
 from fastfs.daemon import ownership
 from fastfs.daemon.caller import caller_of
-from fastfs.daemon.control import CONTROL_NAME, STATS_DIR, STATS_FILE, STATS_NAME
+from fastfs.daemon.control import CONTROL_NAME, STATS_DIR, STATS_FILE
+from fastfs.daemon.controlfs import CONTROL_ID, CONTROL_IDS, NOFH_STATS_SIZE, STATS_ID, VIRTUAL_FH_BASE, ControlFS
 from fastfs.daemon.controller import Controller, is_control_xattr
-from fastfs.daemon.kernel import abi
+from fastfs.daemon.kernel import abi, replies
+from fastfs.daemon.kernel import requests as rq
 from fastfs.daemon.kernel.abi import Op
-from fastfs.daemon.kernel.session import NO_REPLY, Request
+from fastfs.daemon.kernel.replies import Dirent, Replies
+from fastfs.daemon.kernel.requests import (
+    AccessIn,
+    BatchForgetIn,
+    ForgetIn,
+    GetattrIn,
+    GetxattrIn,
+    InterruptIn,
+    ListxattrIn,
+    LookupIn,
+    OpenIn,
+    ReadIn,
+    ReleaseIn,
+)
+from fastfs.daemon.kernel.session import NO_REPLY, Handler, Request, Session
+from fastfs.daemon.listings import Listings
+from fastfs.daemon.nodes import ROOT_ID, Node, NodeTable, join
+from fastfs.fsio.access import Caller
 from fastfs.fsio.api import EngineAPI
-from fastfs.fsio.engine import OpenResult, ReplyParts
-from fastfs.fsio.nodes import ROOT_ID, Node, NodeTable, join
-from fastfs.fsio.policy import ROUTE_PASSTHROUGH
+from fastfs.fsio.opening import OpenResult
+from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED
+from fastfs.fsio.readpath import ReplyParts
+
+__all__ = ["CONTROL_ID", "NOFH_STATS_SIZE", "STATS_ID", "VIRTUAL_FH_BASE", "KernelOps"]
 
 log = logging.getLogger("fastfs.ops")
 
 ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
-# Reserved node ids of the control directory and its stats file (the node table starts at 16).
-CONTROL_ID = 2
-STATS_ID = 3
-# Handles of open stats snapshots start here, far above any handle the engine hands out.
-VIRTUAL_FH_BASE = 1 << 62
-# Directory listings kept between the READDIR requests of one pass (offsets index into them).
-MAX_LISTINGS = 256
-# Size reported for the stats file before it is opened (reads use direct I/O: the real length wins).
-STATS_SIZE_ESTIMATE = 64 * 1024
-# no_open: the fixed size of the stats file, each snapshot padded with spaces to it (JSON allows
-# trailing whitespace) or, when larger, cut down by dropping top files as the stats xattr is;
-# 4x the xattr's 64 KiB, so the full table of top files fits with long paths.
-NOFH_STATS_SIZE = 256 * 1024
-# Attributes the kernel reports for the virtual nodes' block size.
-VIRTUAL_BLKSIZE = 4096
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
-
+_DOTS = (".", "..")
 _NUL = b"\0"
+# Reply flags of each route's opens.
+SERVED_OPEN = abi.FOPEN_KEEP_CACHE | abi.FOPEN_NOFLUSH
+PASSTHROUGH_OPEN = abi.FOPEN_PASSTHROUGH | abi.FOPEN_NOFLUSH
+# What a handler of data may answer (see fastfs.daemon.kernel.session).
+Reply = bytes | list[memoryview] | None
 
 
-def _split_seconds(seconds: float) -> tuple[int, int]:
-    whole = int(seconds)
-    return whole, int((seconds - whole) * 1e9)
+def _error(code: int, message: str | None = None) -> OSError:
+    return OSError(code, message or os.strerror(code))
 
 
-def _encode_dev(rdev: int) -> int:
-    """st_rdev -> the kernel's 32-bit ``new_encode_dev`` form that fuse_attr.rdev carries."""
-    major, minor = os.major(rdev), os.minor(rdev)
-    return ((minor & 0xFF) | (major << 8) | ((minor & ~0xFF) << 12)) & 0xFFFFFFFF
-
-
-def attr_fields(st: os.stat_result, own: ownership.Ownership | None = None) -> tuple[int, ...]:
-    """``os.stat_result`` -> the fields of ``struct fuse_attr``, in order (ownership options applied)."""
-    a_s, a_ns = divmod(st.st_atime_ns, 1_000_000_000)
-    m_s, m_ns = divmod(st.st_mtime_ns, 1_000_000_000)
-    c_s, c_ns = divmod(st.st_ctime_ns, 1_000_000_000)
-    rdev = _encode_dev(st.st_rdev) if st.st_rdev else 0
-    mode, uid, gid = ownership.translate(st.st_mode, st.st_uid, st.st_gid, own)
-    return (
-        st.st_ino,
-        st.st_size,
-        st.st_blocks,
-        a_s & 0xFFFFFFFFFFFFFFFF,
-        m_s & 0xFFFFFFFFFFFFFFFF,
-        c_s & 0xFFFFFFFFFFFFFFFF,
-        a_ns,
-        m_ns,
-        c_ns,
-        mode,
-        st.st_nlink & 0xFFFFFFFF,
-        uid,
-        gid,
-        rdev,
-        st.st_blksize & 0xFFFFFFFF,
-        0,
-    )
-
-
-def _name(body: memoryview) -> str:
-    """The NUL-terminated name of a request body."""
-    raw = bytes(body)
-    end = raw.find(_NUL)
-    return os.fsdecode(raw if end < 0 else raw[:end])
-
-
-def _erofs(request: Request, body: memoryview) -> Any:
-    raise OSError(errno.EROFS, os.strerror(errno.EROFS))
-
-
-class _VirtualStat:
-    """Attributes of the control directory and stats file (``os.stat_result``-shaped)."""
-
-    def __init__(self, mode: int, size: int, nlink: int, ino: int, when_ns: int) -> None:
-        self.st_mode, self.st_size, self.st_nlink, self.st_ino = mode, size, nlink, ino
-        self.st_uid, self.st_gid = os.getuid(), os.getgid()
-        self.st_atime_ns = self.st_mtime_ns = self.st_ctime_ns = when_ns
-        self.st_blocks = (size + 511) // 512
-        self.st_rdev = 0
-        self.st_blksize = VIRTUAL_BLKSIZE
+def _erofs(request: Request, body: memoryview) -> None:
+    raise _error(errno.EROFS)
 
 
 class KernelOps:
@@ -144,9 +115,6 @@ class KernelOps:
 
     ``session`` (set by the daemon before the first request) gives access to backing files and
     notifications; ``mount_info`` (source, mountpoint) is added to stats snapshots.
-
-    Concurrency: ``_lock`` guards ``_handles``, ``_virtual``, ``_listings``,
-    ``_next_vfh``, ``_lookups`` and ``lookups_max``; the node table has its own lock; the engine documents its own.
     """
 
     def __init__(
@@ -156,45 +124,42 @@ class KernelOps:
         fc = engine.config.fuse
         self.mount_info = dict(mount_info or {})
         self.no_open = bool(fc.no_open if no_open is None else no_open)
-        self.session: Any = None
+        self.session: Session | None = None
         self.nodes = NodeTable(engine.lstat("/"), check_invariants=engine.config.cache.check_invariants)
-        self._entry_valid = _split_seconds(fc.entry_timeout)
-        self._attr_valid = _split_seconds(fc.attr_timeout)
-        self._negative_valid = _split_seconds(fc.negative_timeout)
-        self._lock = threading.Lock()
-        self._handles: dict[int, Node] = {}
-        self._virtual: dict[int, bytes] = {}
-        self._next_vfh = VIRTUAL_FH_BASE
-        self._nofh_stats: dict[bool, bytes] = {}  # no_open: the stats file per view (complete or redacted)
-        self._listings: OrderedDict[int, list[tuple[str, int, int]]] = OrderedDict()
-        self._started_ns = time.time_ns()
-        self._passthrough_failed = False
-        self._ownership = ownership.Ownership.from_config(fc)
+        own = self._ownership = ownership.Ownership.from_config(fc)  # also how ACL xattrs are shown
+        translate = None if own is None else functools.partial(ownership.translate, own=own)
+        self.replies = Replies(fc.entry_timeout, fc.attr_timeout, fc.negative_timeout, translate)
         self.control = Controller(engine, self.mount_info, extra=self._kernel_section)
+        self.controlfs = ControlFS(self.control, self.no_open, fc.allow_other, self._invalidate_stats)
+        self.listings = Listings(self._fetch_listing)
+        self._lock = threading.Lock()
+        self._handles: dict[int, Node] = {}  # open handle -> its node
         self._lookups = 0  # lookups being answered now
         self.lookups_max = 0  # most lookups answered at once (the kernel sends them in parallel)
 
-    def handlers(self) -> dict[int, Any]:
-        """Opcode -> handler, for :class:`~fastfs.daemon.kernel.session.Session`."""
-        table: dict[int, Any] = {
-            Op.LOOKUP: self.lookup,
-            Op.FORGET: self.forget,
-            Op.BATCH_FORGET: self.batch_forget,
-            Op.GETATTR: self.getattr,
+    def handlers(self) -> dict[int, Handler]:
+        """Opcode -> handler, for :class:`~fastfs.daemon.kernel.session.Session` (each typed handler
+        bound to its request's decoder)."""
+        t = rq.typed
+        table: dict[int, Handler] = {
+            Op.LOOKUP: t(rq.lookup_in, self.lookup),
+            Op.FORGET: t(rq.forget_in, self.forget),
+            Op.BATCH_FORGET: t(rq.batch_forget_in, self.batch_forget),
+            Op.GETATTR: t(rq.getattr_in, self.getattr),
             Op.READLINK: self.readlink,
-            Op.OPEN: self.open,
-            Op.READ: self.read,
-            Op.RELEASE: self.release,
+            Op.OPEN: t(rq.open_in, self.open),
+            Op.READ: t(rq.read_in, self.read),
+            Op.RELEASE: t(rq.release_in, self.release),
             Op.FLUSH: self.flush,
-            Op.OPENDIR: self.opendir,
-            Op.READDIR: self.readdir,
-            Op.READDIRPLUS: self.readdirplus,
-            Op.RELEASEDIR: self.releasedir,
+            Op.OPENDIR: t(rq.open_in, self.opendir),
+            Op.READDIR: t(rq.read_in, self.readdir),
+            Op.READDIRPLUS: t(rq.read_in, self.readdirplus),
+            Op.RELEASEDIR: t(rq.release_in, self.releasedir),
             Op.STATFS: self.statfs,
-            Op.GETXATTR: self.getxattr,
-            Op.LISTXATTR: self.listxattr,
-            Op.ACCESS: self.access,
-            Op.INTERRUPT: self.interrupt,
+            Op.GETXATTR: t(rq.getxattr_in, self.getxattr),
+            Op.LISTXATTR: t(rq.listxattr_in, self.listxattr),
+            Op.ACCESS: t(rq.access_in, self.access),
+            Op.INTERRUPT: t(rq.interrupt_in, self.interrupt),
             Op.DESTROY: self.destroy,
         }
         for opcode in abi.WRITE_OPS:
@@ -205,123 +170,106 @@ class KernelOps:
     def _node(self, nodeid: int) -> Node:
         node = self.nodes.get(nodeid)
         if node is None:
-            raise OSError(errno.ESTALE, "unknown node id")
+            raise _error(errno.ESTALE, "unknown node id")
         return node
 
-    def _entry(self, nodeid: int, st: Any, entry_valid: tuple[int, int] | None = None) -> bytes:
-        ev = entry_valid or self._entry_valid
-        av = self._attr_valid
-        return abi.ENTRY_OUT.pack(nodeid, 0, ev[0], av[0], ev[1], av[1], *attr_fields(st, self._ownership))
-
-    def _attr(self, st: Any) -> bytes:
-        av = self._attr_valid
-        return abi.ATTR_OUT.pack(av[0], av[1], 0, *attr_fields(st, self._ownership))
-
-    def lookup(self, request: Request, body: memoryview) -> bytes:
-        name = _name(body)
+    def lookup(self, request: Request, r: LookupIn) -> bytes:
+        name = r.name
         parent_id = request.nodeid
-        if parent_id == CONTROL_ID:
-            if name != STATS_NAME:
-                raise OSError(errno.ENOENT, os.strerror(errno.ENOENT))
-            return self._entry(STATS_ID, self._virtual_stat(STATS_ID))
-        if parent_id == STATS_ID:
-            raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        if parent_id in CONTROL_IDS:
+            nodeid = self.controlfs.lookup(parent_id, name)
+            return self.replies.entry(nodeid, self.controlfs.stat(nodeid))
         if parent_id == ROOT_ID and name == CONTROL_NAME:
-            return self._entry(CONTROL_ID, self._virtual_stat(CONTROL_ID))
+            return self.replies.entry(CONTROL_ID, self.controlfs.stat(CONTROL_ID))
         parent = self._node(parent_id)
         with self._lock:
             self._lookups += 1
-            self.lookups_max = max(self.lookups_max, self._lookups)
+            if self._lookups > self.lookups_max:
+                self.lookups_max = self._lookups
         try:
             st = self.engine.lstat(join(parent.path, name))
         except FileNotFoundError:
-            if self._negative_valid != (0, 0):
-                # node id 0 with a timeout: the kernel caches the name as absent
-                return abi.ENTRY_OUT.pack(0, 0, *self._negative_valid[:1], 0, self._negative_valid[1], 0, *([0] * 16))
+            negative = self.replies.negative
+            if negative is not None:  # node id 0 with a timeout: the kernel caches the name as absent
+                return negative
             raise
         finally:
             with self._lock:
                 self._lookups -= 1
         node = self.nodes.lookup(parent, name, st)
-        return self._entry(node.nodeid, st)
+        return self.replies.entry(node.nodeid, st)
 
-    def forget(self, request: Request, body: memoryview) -> Any:
-        (count,) = abi.FORGET_IN.unpack_from(body)
-        self.nodes.forget(request.nodeid, count)
+    def forget(self, request: Request, r: ForgetIn) -> object:
+        self.nodes.forget(request.nodeid, r.nlookup)
         return NO_REPLY
 
-    def batch_forget(self, request: Request, body: memoryview) -> Any:
-        count, _ = abi.BATCH_FORGET_IN.unpack_from(body)
-        base = abi.BATCH_FORGET_IN.size
-        step = abi.FORGET_ONE.size
-        for i in range(min(count, (len(body) - base) // step)):
-            nodeid, nlookup = abi.FORGET_ONE.unpack_from(body, base + i * step)
+    def batch_forget(self, request: Request, r: BatchForgetIn) -> object:
+        for nodeid, nlookup in r.items:
             self.nodes.forget(nodeid, nlookup)
         return NO_REPLY
 
-    def getattr(self, request: Request, body: memoryview) -> bytes:
+    def getattr(self, request: Request, r: GetattrIn) -> bytes:
         nodeid = request.nodeid
-        if nodeid in (CONTROL_ID, STATS_ID):
-            return self._attr(self._virtual_stat(nodeid))
+        if nodeid in CONTROL_IDS:
+            return self.replies.attr(self.controlfs.stat(nodeid))
         node = self._node(nodeid)
-        flags, _, fh = abi.GETATTR_IN.unpack_from(body) if len(body) >= abi.GETATTR_IN.size else (0, 0, 0)
-        if flags & abi.GETATTR_FH and not node.is_dir:
-            return self._attr(node.st)  # fstat of an open file: the version it opened
+        if r.flags & abi.GETATTR_FH and not node.is_dir:
+            return self.replies.attr(node.st)  # fstat of an open file: the version it opened
         try:
             st = self.engine.lstat(node.path)
         except FileNotFoundError:
             if nodeid == ROOT_ID:
                 raise
-            raise OSError(errno.ESTALE, "source entry is gone") from None
+            raise _error(errno.ESTALE, "source entry is gone") from None
         if not node.matches(st) and nodeid != ROOT_ID:
-            raise OSError(errno.ESTALE, "source entry changed")
+            raise _error(errno.ESTALE, "source entry changed")
         self.nodes.refresh(node, st)
-        return self._attr(st)
+        return self.replies.attr(st)
 
-    def readlink(self, request: Request, body: memoryview) -> bytes:
-        if request.nodeid in (CONTROL_ID, STATS_ID):
-            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+    def readlink(self, request: Request, _body: memoryview) -> bytes:
+        if request.nodeid in CONTROL_IDS:
+            raise _error(errno.EINVAL)
         return os.fsencode(self.engine.readlink(self._node(request.nodeid).path))
 
     # -- files ----------------------------------------------------------------------------------
-    def open(self, request: Request, body: memoryview) -> bytes:
-        flags, _ = abi.OPEN_IN.unpack_from(body)
-        if flags & WRITE_FLAGS:
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    def open(self, request: Request, r: OpenIn) -> bytes:
+        """OPEN: the engine decides the route, the node table makes the node's handles share it (see
+        the open walk in the module docstring)."""
+        if r.flags & WRITE_FLAGS:
+            raise _error(errno.EROFS)
         nodeid = request.nodeid
-        if nodeid == STATS_ID:
-            fh = self._open_virtual(self._stats_bytes(request))
-            return abi.OPEN_OUT.pack(fh, abi.FOPEN_DIRECT_IO, 0)
-        if nodeid == CONTROL_ID:
-            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if nodeid in CONTROL_IDS:
+            return replies.open_reply(self.controlfs.open(nodeid, self._caller(request)), abi.FOPEN_DIRECT_IO)
         if self.no_open:
-            raise OSError(errno.ENOSYS, "open-less mode")  # the kernel stops sending OPEN/RELEASE
+            raise _error(errno.ENOSYS, "open-less mode")  # the kernel stops sending OPEN/RELEASE
         node = self._node(nodeid)
-        for _attempt in range(3):
-            held = node.route if node.opens else ""
-            result = self._open_version(node, flags, held)
-            route, backing = self.nodes.acquire(node, result.route)
-            if route != result.route:  # another open of this node picked the other route meanwhile
-                self.engine.release(result.fh)
-                continue
+        opened = self._open_version(node, r.flags)
+        try:
+            route, backing = self.nodes.acquire(node, opened.route, join=True)
+        except BaseException:  # (only the debug invariant checks raise here)
+            self.engine.release(opened.fh)
+            raise
+        try:
+            if route != opened.route:  # another open of this node settled the other route meanwhile
+                opened = self.engine.reroute(opened.fh, route)
             if route == ROUTE_PASSTHROUGH and not backing:
-                backing = self._attach_backing(node, result.backing_fd)
-                if not backing:  # the kernel refused: serve this open instead
-                    self.nodes.released(node)
-                    self.engine.release(result.fh)
-                    continue
-            with self._lock:
-                self._handles[result.fh] = node
-            if route == ROUTE_PASSTHROUGH:
-                return abi.OPEN_OUT.pack(result.fh, abi.FOPEN_PASSTHROUGH | abi.FOPEN_NOFLUSH, backing)
-            return abi.OPEN_OUT.pack(result.fh, abi.FOPEN_KEEP_CACHE | abi.FOPEN_NOFLUSH, 0)
-        raise OSError(errno.EIO, "could not settle the route of an open")
+                route, backing, opened = self._attach_backing(node, opened)
+        except BaseException:
+            self._drop(node, opened.fh)
+            raise
+        fh = opened.fh
+        with self._lock:
+            self._handles[fh] = node
+        if route == ROUTE_PASSTHROUGH:
+            return replies.open_reply(fh, PASSTHROUGH_OPEN, backing)
+        return replies.open_reply(fh, SERVED_OPEN)
 
-    def _open_version(self, node: Node, flags: int, held: str) -> OpenResult:
-        """The engine's open of the node's version; a node never opened whose source changed since
-        the lookup is rebound to the version there now (its attributes dropped from the kernel's
-        cache first), so an open racing a writer's rename still succeeds; any other mismatch is
-        ESTALE (the kernel looks the name up again and opens the new node)."""
+    def _open_version(self, node: Node, flags: int) -> OpenResult:
+        """The engine's open of the node's version (its held route the hint); a node never opened
+        whose source changed since the lookup is rebound to the version there now (its attributes
+        dropped from the kernel's cache first), so an open racing a writer's rename still succeeds;
+        any other mismatch is ESTALE (the kernel looks the name up again and opens the new node)."""
+        held = node.route if node.opens else ""  # (a hint: NodeTable.acquire settles it)
         try:
             return self.engine.open(node.path, flags, expect=node.version, cached=node.seen, held_route=held)
         except OSError as e:
@@ -330,58 +278,76 @@ class KernelOps:
         result = self.engine.open(node.path, flags, held_route=held)
         if result.st is None or not self.nodes.rebind(node, result.st):
             self.engine.release(result.fh)
-            raise OSError(errno.ESTALE, "source file changed since it was looked up")
+            raise _error(errno.ESTALE, "source file changed since it was looked up")
         if self.session is not None:
             self.session.inval_inode(node.nodeid, -1, 0)  # attributes only: the node has no pages
         return result
 
-    def _attach_backing(self, node: Node, fd: int) -> int:
-        """Register *fd* as the node's backing file; 0 when the kernel refuses (then never again)."""
-        try:
-            backing = self.session.backing_open(fd)
-        except (OSError, AttributeError) as e:
-            if not self._passthrough_failed:
-                self._passthrough_failed = True
-                log.warning("passthrough unavailable (%s); serving every file", getattr(e, "strerror", e))
-            self.engine.passthrough_available = False
-            return 0
-        used = self.nodes.attach_backing(node, backing)
-        if used != backing:
-            self.session.backing_close(backing)
-        return used
+    def _attach_backing(self, node: Node, opened: OpenResult) -> tuple[str, int, OpenResult]:
+        """The node's handles pass through and have no backing id yet: register this open's backing
+        file. Returns (route, backing id, open) to answer: the id (ours, or one a concurrent open
+        attached first), or, when the kernel refused ours and no other open attached one, served
+        (the node falls back; a refusal is the engine's second decision)."""
+        session = self.session
+        refused = ""
+        backing = 0
+        if session is None:
+            refused = "no kernel connection"
+        else:
+            try:
+                backing = session.backing_open(opened.backing_fd)
+            except OSError as e:
+                refused = e.strerror or str(e)
+            else:
+                used = self.nodes.attach_backing(node, backing)
+                if used != backing:
+                    session.backing_close(backing)
+                backing = used
+        if backing:
+            return ROUTE_PASSTHROUGH, backing, opened
+        route, backing = self.nodes.fall_back(node)
+        if route == ROUTE_PASSTHROUGH:  # another open of the node attached one meanwhile: shared
+            return route, backing, opened
+        if refused:
+            return ROUTE_SERVED, 0, self.engine.refused(opened.fh, refused)
+        return ROUTE_SERVED, 0, self.engine.reroute(opened.fh, ROUTE_SERVED)  # the node fell back meanwhile
 
-    def read(self, request: Request, body: memoryview) -> Any:
-        fh, offset, size, _rflags, _owner, _flags, _pad = abi.READ_IN.unpack_from(body)
-        dest = request.buffer[: min(size, len(request.buffer))]
+    def _drop(self, node: Node, fh: int) -> None:
+        """Undo an open counted on *node* whose reply failed."""
+        backing = self.nodes.released(node)
+        if backing and self.session is not None:
+            self.session.backing_close(backing)
+        self.engine.release(fh)
+
+    def read(self, request: Request, r: ReadIn) -> Reply:
+        fh, offset, size = r
         if fh >= VIRTUAL_FH_BASE:
-            with self._lock:
-                data = self._virtual.get(fh)
-            if data is None:
-                raise OSError(errno.EBADF, os.strerror(errno.EBADF))
-            return data[offset : offset + size]
-        if fh == 0 and request.nodeid == STATS_ID:
-            return self._read_nofh_stats(request, offset, size)
+            return self.controlfs.read(fh, offset, size)
+        nodeid = request.nodeid
+        if fh == 0 and nodeid == STATS_ID:
+            return self.controlfs.read_open_less(self._caller(request), offset, size)
+        out = request.worker.out  # the worker's reply buffer (max_read bytes)
+        dest = out[: min(size, len(out))]
         parts = ReplyParts()
         request.after = functools.partial(self.engine.release_parts, parts)
         if fh == 0:
-            node = self._node(request.nodeid)
+            node = self._node(nodeid)
             self.engine.read_into(0, offset, dest, node.path, node.version, parts)
         else:
-            self.engine.read_into(fh, offset, dest, parts=parts)
+            self.engine.read_into(fh, offset, dest, None, None, parts)  # (positional: no keyword parsing)
         return parts.views  # RAM blocks and source bytes in file order, sent by one writev
 
     def abandoned(self, opcode: int, body: memoryview) -> None:
         """The session's watchdog answered a request its handler is still serving (a hung source)."""
         if opcode == Op.READ and len(body) >= abi.READ_IN.size:
-            fh = abi.READ_IN.unpack_from(body)[0]
+            fh = rq.read_in(body).fh
             if 0 < fh < VIRTUAL_FH_BASE:
                 self.engine.abandoned_read(fh)
 
-    def release(self, request: Request, body: memoryview) -> None:
-        fh = abi.RELEASE_IN.unpack_from(body)[0]
+    def release(self, request: Request, r: ReleaseIn) -> None:
+        fh = r.fh
         if fh >= VIRTUAL_FH_BASE:
-            with self._lock:
-                self._virtual.pop(fh, None)
+            self.controlfs.release(fh)
             return None
         with self._lock:
             node = self._handles.pop(fh, None)
@@ -393,138 +359,90 @@ class KernelOps:
                 self.session.backing_close(backing)
         return None
 
-    def flush(self, request: Request, body: memoryview) -> None:
+    def flush(self, request: Request, _body: memoryview) -> None:
         """Nothing to flush on a read-only mirror: ENOSYS makes the kernel stop sending FLUSH on
         close for good (opens also say FOPEN_NOFLUSH, but open-less files have no open to say it)."""
-        raise OSError(errno.ENOSYS, "no flush")
+        raise _error(errno.ENOSYS, "no flush")
 
     # -- directories ----------------------------------------------------------------------------
-    def opendir(self, request: Request, body: memoryview) -> bytes:
-        negotiated = getattr(self.session, "negotiated", None)
+    def opendir(self, request: Request, r: OpenIn) -> bytes:
+        session = self.session
+        negotiated = session.negotiated if session is not None else None
         if negotiated is not None and negotiated.offers(abi.Init.NO_OPENDIR_SUPPORT):
-            raise OSError(errno.ENOSYS, "open-less directories")  # no OPENDIR/RELEASEDIR from now on
-        if request.nodeid not in (CONTROL_ID,):
+            raise _error(errno.ENOSYS, "open-less directories")  # no OPENDIR/RELEASEDIR from now on
+        if request.nodeid != CONTROL_ID:
             self._node(request.nodeid)
-        return abi.OPEN_OUT.pack(0, abi.FOPEN_KEEP_CACHE | abi.FOPEN_CACHE_DIR, 0)
+        return replies.open_reply(0, abi.FOPEN_KEEP_CACHE | abi.FOPEN_CACHE_DIR)
 
-    def releasedir(self, request: Request, body: memoryview) -> None:
+    def releasedir(self, request: Request, r: ReleaseIn) -> None:
         return None
 
-    def _listing(self, nodeid: int, offset: int) -> list[tuple[str, int, int]]:
-        """(name, type bits, inode) of the directory's entries, '.' and '..' first; fetched anew at
-        offset 0 and kept for the requests that continue the same pass."""
-        if offset:
-            with self._lock:
-                kept = self._listings.get(nodeid)
-                if kept is not None:
-                    self._listings.move_to_end(nodeid)
-                    return kept
+    def _fetch_listing(self, nodeid: int) -> list[Dirent]:
+        """(name, type bits, inode) of the directory's entries, '.' and '..' first (a new pass)."""
         if nodeid == CONTROL_ID:
-            entries = [(STATS_NAME, stat.S_IFREG, STATS_ID)]
-            ino = CONTROL_ID
-        else:
-            node = self._node(nodeid)
-            entries = self.engine.scandir(node.path)
-            if nodeid == ROOT_ID:
-                entries = [e for e in entries if e[0] != CONTROL_NAME]
-            ino = node.st.st_ino
-        listing = [(".", stat.S_IFDIR, ino), ("..", stat.S_IFDIR, 1), *entries]
-        with self._lock:
-            self._listings[nodeid] = listing
-            self._listings.move_to_end(nodeid)
-            while len(self._listings) > MAX_LISTINGS:
-                self._listings.popitem(last=False)
-        return listing
+            return self.controlfs.listing()
+        node = self._node(nodeid)
+        entries = self.engine.scandir(node.path)
+        if nodeid == ROOT_ID:
+            entries = [e for e in entries if e[0] != CONTROL_NAME]
+        return [(".", stat.S_IFDIR, node.st.st_ino), ("..", stat.S_IFDIR, 1), *entries]
 
-    def readdir(self, request: Request, body: memoryview) -> bytes:
-        _fh, offset, size, *_ = abi.READ_IN.unpack_from(body)
-        listing = self._listing(request.nodeid, offset)
-        out = bytearray()
-        for index in range(offset, len(listing)):
-            name, kind, ino = listing[index]
-            raw = os.fsencode(name)
-            rec = abi.rec_align(abi.DIRENT.size + len(raw))
-            if len(out) + rec > size:
-                break
-            out += abi.DIRENT.pack(ino, index + 1, len(raw), kind >> 12)
-            out += raw
-            out += bytes(rec - abi.DIRENT.size - len(raw))
-        return bytes(out)
-
-    def readdirplus(self, request: Request, body: memoryview) -> bytes:
-        _fh, offset, size, *_ = abi.READ_IN.unpack_from(body)
+    def readdir(self, request: Request, r: ReadIn) -> bytes:
         nodeid = request.nodeid
-        listing = self._listing(nodeid, offset)
+        listing, start, cookie = self.listings.get(nodeid, r.offset)
+        if start >= len(listing):
+            self.listings.done(nodeid, cookie)  # the reader has every entry of its pass
+            return b""
+        return replies.dirents(listing, start, r.size, cookie)[0]
+
+    def readdirplus(self, request: Request, r: ReadIn) -> bytes:
+        nodeid = request.nodeid
+        listing, start, cookie = self.listings.get(nodeid, r.offset)
         parent = None if nodeid == CONTROL_ID else self._node(nodeid)
-        base = abi.ENTRY_OUT.size + abi.DIRENT.size
+        if start >= len(listing):
+            self.listings.done(nodeid, cookie)  # the reader has every entry of its pass
+            return b""
+        end = replies.fit_plus(listing, start, r.size)
         # the entries that fit, then their attributes in one go (in parallel on remote sources)
-        end, used = offset, 0
-        while end < len(listing):
-            rec = abi.rec_align(base + len(os.fsencode(listing[end][0])))
-            if used + rec > size:
-                break
-            used += rec
-            end += 1
-        stats: list[Any] = [None] * (end - offset)
+        stats: list[os.stat_result | None] = [None] * (end - start)
         if parent is not None:
-            wanted = [i for i in range(offset, end) if listing[i][0] not in (".", "..")]
+            wanted = [i for i in range(start, end) if listing[i][0] not in _DOTS]
             found = self.engine.lstat_many([join(parent.path, listing[i][0]) for i in wanted])
             for i, st in zip(wanted, found, strict=True):
-                stats[i - offset] = st
-        out = bytearray()
-        for index in range(offset, end):
+                stats[i - start] = st
+        records: list[tuple[bytes | None, str, int, int]] = []
+        for index in range(start, end):
             name, kind, ino = listing[index]
-            raw = os.fsencode(name)
-            rec = abi.rec_align(base + len(raw))
             entry = None
-            if name not in (".", ".."):
+            if name not in _DOTS:
                 if parent is None:
-                    entry = self._entry(STATS_ID, self._virtual_stat(STATS_ID))
+                    entry = self.replies.entry(STATS_ID, self.controlfs.stat(STATS_ID))
                 else:
-                    st = stats[index - offset]
+                    st = stats[index - start]
                     if st is not None:
                         node = self.nodes.lookup(parent, name, st)  # counted: the kernel links it
-                        entry = self._entry(node.nodeid, st)
+                        entry = self.replies.entry(node.nodeid, st)
                         ino, kind = st.st_ino, stat.S_IFMT(st.st_mode)
-            out += entry if entry is not None else bytes(abi.ENTRY_OUT.size)  # node id 0: no entry
-            out += abi.DIRENT.pack(ino, index + 1, len(raw), kind >> 12)
-            out += raw
-            out += bytes(rec - base - len(raw))
-        return bytes(out)
+            records.append((entry, name, kind, ino))  # no entry: node id 0, the kernel links none
+        return replies.direntplus(records, start, cookie)
 
     # -- other metadata -------------------------------------------------------------------------
-    def statfs(self, request: Request, body: memoryview) -> bytes:
-        sv = self.engine.statvfs()
-        return abi.STATFS_OUT.pack(
-            sv.f_blocks, sv.f_bfree, sv.f_bavail, sv.f_files, sv.f_ffree, sv.f_bsize, sv.f_namemax, sv.f_frsize, 0
-        )
+    def statfs(self, request: Request, _body: memoryview) -> bytes:
+        return replies.statfs(self.engine.statvfs())
 
-    def access(self, request: Request, body: memoryview) -> None:
-        mask, _ = abi.ACCESS_IN.unpack_from(body)
+    def access(self, request: Request, r: AccessIn) -> None:
+        mask = r.mask
         if mask & os.W_OK:
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+            raise _error(errno.EROFS)
         nodeid = request.nodeid
-        if nodeid in (CONTROL_ID, STATS_ID):
-            if nodeid == STATS_ID and mask & os.X_OK:
-                raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+        if nodeid in CONTROL_IDS:
+            self.controlfs.access(nodeid, mask)
             return None
         self.engine.access(self._node(nodeid).path, mask)
         return None
 
-    def getxattr(self, request: Request, body: memoryview) -> bytes:
-        size, _ = abi.GETXATTR_IN.unpack_from(body)
-        name = _name(body[abi.GETXATTR_IN.size :])
-        value = self._xattr_value(request, name, size)
-        return self._sized(value, size)
-
-    @staticmethod
-    def _sized(value: bytes, size: int) -> bytes:
-        """The xattr protocol: size 0 asks for the length; a too small buffer is ERANGE."""
-        if size == 0:
-            return abi.GETXATTR_OUT.pack(len(value), 0)
-        if len(value) > size:
-            raise OSError(errno.ERANGE, os.strerror(errno.ERANGE))
-        return value
+    def getxattr(self, request: Request, r: GetxattrIn) -> bytes:
+        return replies.xattr(self._xattr_value(request, r.name, r.size), r.size)
 
     def _xattr_value(self, request: Request, name: str, size: int) -> bytes:
         nodeid = request.nodeid
@@ -536,52 +454,41 @@ class KernelOps:
             else:
                 path = self._node(nodeid).path
             return self.control.getxattr(path, name, size, self._caller(request), request.pid)
-        if nodeid in (CONTROL_ID, STATS_ID):
-            raise OSError(ENOATTR, os.strerror(ENOATTR))
+        if nodeid in CONTROL_IDS:
+            raise _error(ENOATTR)
         node = self._node(nodeid)
         try:
             value = self.engine.getxattr(node.path, name)
         except OSError as e:
             if e.errno in (errno.ENODATA, ENOATTR) or ownership.no_acl(name, e.errno):
-                raise OSError(ENOATTR, os.strerror(ENOATTR)) from None
+                raise _error(ENOATTR) from None
             raise
         shown = ownership.shown_xattr(name, value, node.st.st_mode, self._ownership)  # ACLs: as the mount shows them
         if shown is None:
-            raise OSError(ENOATTR, os.strerror(ENOATTR))
+            raise _error(ENOATTR)
         return shown
 
     @staticmethod
-    def _caller(request: Request) -> Any:
+    def _caller(request: Request) -> Caller:
         return caller_of(request.uid, request.gid, request.pid)
 
-    def listxattr(self, request: Request, body: memoryview) -> bytes:
-        size, _ = abi.GETXATTR_IN.unpack_from(body)
+    def listxattr(self, request: Request, r: ListxattrIn) -> bytes:
         nodeid = request.nodeid
         names: list[str] = []
-        if nodeid not in (CONTROL_ID, STATS_ID):
+        if nodeid not in CONTROL_IDS:
             node = self._node(nodeid)
             names = ownership.shown_xattr_names(self.engine.listxattr(node.path), node.st.st_mode, self._ownership)
-        value = b"".join(os.fsencode(n) + _NUL for n in names)
-        return self._sized(value, size)
+        return replies.xattr(b"".join(os.fsencode(n) + _NUL for n in names), r.size)
 
-    def interrupt(self, request: Request, body: memoryview) -> Any:
-        (unique,) = abi.INTERRUPT_IN.unpack_from(body)
-        if self.session is not None and not self.session.interrupt(unique):
-            raise OSError(errno.EAGAIN, "not being served yet")  # the kernel sends it again
+    def interrupt(self, request: Request, r: InterruptIn) -> object:
+        if self.session is not None and not self.session.interrupt(r.unique):
+            raise _error(errno.EAGAIN, "not being served yet")  # the kernel sends it again
         return NO_REPLY
 
-    def destroy(self, request: Request, body: memoryview) -> None:
+    def destroy(self, request: Request, _body: memoryview) -> None:
         return None
 
-    # -- the control directory ------------------------------------------------------------------
-    def _virtual_stat(self, nodeid: int) -> _VirtualStat:
-        if nodeid == CONTROL_ID:
-            return _VirtualStat(stat.S_IFDIR | 0o555, 0, 2, CONTROL_ID, self._started_ns)
-        # no_open: no direct I/O, so the kernel reads exactly this size (a short read does not shrink it:
-        # the rest would read as zeros); every snapshot is padded to it (see _read_nofh_stats)
-        size = NOFH_STATS_SIZE if self.no_open else STATS_SIZE_ESTIMATE
-        return _VirtualStat(stat.S_IFREG | 0o444, size, 1, STATS_ID, time.time_ns())
-
+    # -- the control channel --------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """The complete snapshot (metrics, status lines): engine, mount identity, kernel connection."""
         return self.control.snapshot()
@@ -599,32 +506,8 @@ class KernelOps:
         kernel["lookups_in_flight_max"] = self.lookups_max
         return {"kernel": kernel}
 
-    def _stats_bytes(self, request: Request) -> bytes:
-        return self.control.stats_file(self._caller(request))
-
-    def _open_virtual(self, data: bytes) -> int:
-        with self._lock:
-            fh = self._next_vfh
-            self._next_vfh += 1
-            self._virtual[fh] = data
-        return fh
-
-    def _read_nofh_stats(self, request: Request, offset: int, size: int) -> bytes:
-        """Stats file read without open (``fuse.no_open``): one snapshot per pass from offset 0, padded
-        with spaces to the file's fixed size (:data:`NOFH_STATS_SIZE`: the kernel reads up to the size
-        it was told, whatever a read returns). Without
-        an open there is no direct I/O, so the kernel keeps the file's pages for whoever reads next: on
-        an ``allow_other`` mount everyone gets the redacted view here (the full one stays available to
-        the owner and root through the root's stats xattr)."""
-        caller = self._caller(request)
-        full = self.control.sees_all(caller) and not self.engine.config.fuse.allow_other
-        data = self._nofh_stats.get(full)
-        if data is None or offset == 0:
-            data = self.control.stats_file(caller if full else None, redacted=not full, limit=NOFH_STATS_SIZE)
-            data = self._nofh_stats[full] = data.ljust(NOFH_STATS_SIZE, b" ")
-        chunk = data[offset : offset + size]
-        if offset + len(chunk) >= len(data):
-            self._nofh_stats.pop(full, None)
-            if self.session is not None and self.session.notifier is not None:
-                self.session.notifier.submit(("inode", STATS_ID, 0, -1))  # the next pass reads anew
-        return chunk
+    def _invalidate_stats(self) -> None:
+        """Drop the kernel's pages of the stats file (a no_open pass ended: the next one reads anew)."""
+        session = self.session
+        if session is not None and session.notifier is not None:
+            session.notifier.submit(("inode", STATS_ID, 0, -1))

@@ -3,7 +3,7 @@
 The daemon is a thin adapter (kernel requests in, engine calls out); it codes against
 :class:`EngineAPI`, not against :class:`~fastfs.fsio.engine.Engine` and not against ``Any``, so the
 engine's parts can move behind the facade without the adapter noticing, and a test
-(tests/test_api.py) holds the real engine to this protocol: every member exists on ``Engine``, with
+(tests/unit/test_api.py) holds the real engine to this protocol: every member exists on ``Engine``, with
 the same parameters. A member belongs here when, and only when, something under ``daemon/`` uses it
 (warm jobs, which run inside the engine's package, use the engine itself).
 
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from fastfs.config.schema import Config
-    from fastfs.fsio.engine import OpenResult, ReplyParts
+    from fastfs.fsio.opening import OpenResult
+    from fastfs.fsio.readpath import ReplyParts
     from fastfs.fsio.source import FileKey
 
 
@@ -29,7 +30,8 @@ class EngineAPI(Protocol):
     config: Config
     """The running configuration (what a reload applied live included)."""
     passthrough_available: bool
-    """Set by the daemon: the kernel connection can hand opens to the kernel (passthrough)."""
+    """Set by the daemon once the connection is negotiated: the kernel can hand opens to the kernel
+    (passthrough). The daemon never clears it: a refused backing file is reported with :meth:`refused`."""
     inline_reads: bool
     """Set by the daemon: a watchdog bounds every request, so small exact reads may run on the caller's thread."""
 
@@ -59,6 +61,10 @@ class EngineAPI(Protocol):
         cached: bool = False,
         held_route: str = "",
     ) -> OpenResult: ...
+
+    def reroute(self, fh: int, held_route: str) -> OpenResult: ...
+
+    def refused(self, fh: int, reason: str) -> OpenResult: ...
 
     def read_into(
         self,

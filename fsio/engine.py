@@ -15,10 +15,14 @@ each in its own module and with one job:
   prefetch, one file never holding it.
 * :class:`~fastfs.fsio.disk.tier.DiskTier` (``disk``, optional): the local-disk cache tier.
 * :class:`~fastfs.fsio.handles.HandleTable` (``handles``): open file versions
-  (:class:`~fastfs.fsio.handles.FileEntry`), the handles naming them (one allocator), each path's last
-  version, source-file references, open-less readers.
+  (:class:`~fastfs.fsio.entry.FileEntry`: identity plus one component per part that keeps state on
+  it), the handles naming them (one allocator), each path's last version, open-less readers.
+* :class:`~fastfs.fsio.opening.Opener` (``opener``): opens and releases, and the one decision of an
+  open's route (served, passthrough to the source, passthrough to the disk tier); its module
+  docstring is the walk of an open.
 * :class:`~fastfs.fsio.fills.Fills` (``fills``): block fills and exact reads from the disk tier or the
-  source, timeouts, stuck files and the one retry-wait rule (no reference back to the engine).
+  source, timeouts, stuck files and the one retry-wait rule (no reference back to the engine or the
+  handle table: source files come from each entry's :class:`~fastfs.fsio.source.SourceRef`).
 * :class:`~fastfs.fsio.probe.FormatProbe` (``probe``): the format probe at first open, range plans,
   head windows, what a load read (learning).
 * :class:`~fastfs.fsio.scanner.Scanner` (``scanner``): per-directory small-file scans and the
@@ -31,8 +35,8 @@ each in its own module and with one job:
 Opens. Close-to-open consistency, as NFS: each open revalidates the source (open + fstat) and
 builds the file key; an open for an inode of another version (``expect``) fails with ESTALE. The
 kernel has one inode per version (the daemon's node table), so its page cache of a version is never
-stale. The route of an open (served through this engine, or passthrough to the source file) is
-chosen here (:func:`~fastfs.fsio.policy.choose_route`). The one exception is a file fetched whole
+stale. The route of an open is decided by the :class:`~fastfs.fsio.opening.Opener` alone. The one
+exception to the revalidation is a file fetched whole
 by a small-file scan in the last ``attr_timeout`` seconds (and still held in RAM or by the disk
 tier, or opened before so the kernel holds its pages): its open is answered from the metadata the
 scan fetched, like the kernel's own attribute cache, which is what makes a directory scan fast on
@@ -42,9 +46,9 @@ exists, also for sources that are otherwise served. A new version of a path free
 blocks at once.
 
 Concurrency: the engine itself keeps only ``config`` (replaced whole by :meth:`reconfigure`, read
-without a lock), the learning thread's stop event, and the daemon's two switches
-(``passthrough_available``, ``inline_reads``: set once at mount). Every part documents its own
-locks; no lock is held across I/O or while waiting for a block.
+without a lock) and the learning thread's stop event; the daemon's two switches
+(``passthrough_available``, ``inline_reads``: set once at mount) are the opener's and the fills'.
+Every part documents its own locks; no lock is held across I/O or while waiting for a block.
 """
 
 from __future__ import annotations
@@ -64,17 +68,18 @@ from fastfs.config.schema import DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_FRACTION, MI
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import Block, BlockCache
 from fastfs.fsio.disk.tier import DiskTier
+from fastfs.fsio.entry import FileEntry
 from fastfs.fsio.fills import Fills
-from fastfs.fsio.handles import FileEntry, HandleTable
-from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED, StreamPolicy, choose_route
+from fastfs.fsio.handles import HandleTable
+from fastfs.fsio.opening import DISK_PASSTHROUGH_MIN, Opener, OpenResult
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.probe import FormatProbe
 from fastfs.fsio.readpath import ReadPath, ReplyParts
-from fastfs.fsio.scanner import MetaEntry, Scanner
-from fastfs.fsio.source import FileKey, HeadKey, Source, SourceFile, cached_share, stat_key
+from fastfs.fsio.scanner import Scanner
+from fastfs.fsio.source import FileKey, Source, SourceFile, cached_share, stat_key
 from fastfs.fsio.trace import DecisionLog
 
-__all__ = ["Engine", "EngineParts", "FileEntry", "OpenResult", "ReplyParts", "default_budget"]
+__all__ = ["DISK_PASSTHROUGH_MIN", "Engine", "EngineParts", "FileEntry", "OpenResult", "ReplyParts", "default_budget"]
 
 log = logging.getLogger(__name__)
 
@@ -83,28 +88,8 @@ log = logging.getLogger(__name__)
 # so small requests in a row fill the device queue. (Warming at every open was measured and lost:
 # cold np.load of 256 MiB 0.226 s with it, 0.136 s without, native 0.133 s; torch.load no gain.)
 PASSTHROUGH_WARM_CHUNK = 2 * 1024 * 1024
-# Files at least this large open by passthrough to their complete disk-tier file: a smaller one is read in
-# one or two kernel requests, so passthrough saves little next to its lookup and open, while trusting the
-# file first costs an fsync and a read-back of it (served through the engine, it is checked chunk by chunk).
-DISK_PASSTHROUGH_MIN = 1024 * 1024
 # Seconds between saves of the learned access sets.
 LEARN_SAVE_SECONDS = 30.0
-
-
-@dataclass(frozen=True)
-class OpenResult:
-    """What an open returns to the adapter."""
-
-    fh: int
-    """Handle to pass to read_into/release (never 0)."""
-    route: str = ROUTE_SERVED
-    """``served`` (reads come to the engine) or ``passthrough`` (the kernel reads the source file)."""
-    backing_fd: int = -1
-    """For passthrough: the open source descriptor to register as the backing file (valid until release)."""
-    key: FileKey | tuple = ()
-    """File key of the version opened."""
-    st: os.stat_result | None = None
-    """Attributes of the version opened."""
 
 
 def default_budget() -> int:
@@ -152,27 +137,29 @@ class Engine:
         self.pool = parts.pool
         self.clock = parts.clock
         self.block_size = self.cache.block_size
-        self.passthrough_available = False  # set by the daemon when the kernel connection can do passthrough
         self.trace = DecisionLog(log)  # --log-level debug: opens and pattern decisions, rate-limited
         self.learn = None
         self._saver: threading.Thread | None = None
         self._stop = threading.Event()
         if ra.learn:
             self._start_learning()
-        self.handles = HandleTable(self.source)
+        self.handles = HandleTable()
         self.fills = Fills(
-            self.cache, self.pool, self.stats, self.disk, self.handles, self.block_size, ra.source_streams,
-            ra.read_timeout, self.clock,
+            self.cache, self.pool, self.stats, self.disk, self.block_size, ra.source_streams, ra.read_timeout,
+            self.handles.unstuck, self.clock,
         )  # fmt: skip
         self.probe = FormatProbe(
-            self.cache, self.pool, self.stats, self.disk, self.fills, self.handles, self.block_size, ra,
-            self.trace, self.learn,
+            self.cache, self.pool, self.stats, self.disk, self.fills, self.block_size, ra, self.trace, self.learn,
         )  # fmt: skip
         self.scanner = Scanner(
             self.source, self.cache, self.pool, self.stats, self.disk, self.fills, self.handles.versions, ra,
             self.config.fuse.attr_timeout, self.trace, self.learn, self.clock,
         )  # fmt: skip
         self.reads = ReadPath(self.cache, self.stats, self.fills, self.probe, self.block_size, ra, self.trace)
+        self.opener = Opener(
+            self.config, self.source, self.cache, self.disk, self.handles, self.scanner, self.probe, self.stats,
+            self.trace, self._last_handle,
+        )  # fmt: skip
 
     @classmethod
     def from_parts(cls, parts: EngineParts, config: Config | None = None, stats: m.Stats | None = None) -> Engine:
@@ -188,6 +175,16 @@ class Engine:
     @inline_reads.setter
     def inline_reads(self, value: bool) -> None:
         self.fills.inline_reads = value
+
+    @property
+    def passthrough_available(self) -> bool:
+        """Set by the daemon when the kernel connection can pass opens through; reads False once the
+        kernel refused a backing file (the opener's own record, see :meth:`refused`)."""
+        return self.opener.can_pass_through
+
+    @passthrough_available.setter
+    def passthrough_available(self, value: bool) -> None:
+        self.opener.kernel_route = value
 
     # == metadata ===================================================================================
     def lstat(self, path: str) -> os.stat_result:
@@ -236,132 +233,26 @@ class Engine:
         longer matches it the open fails with ESTALE (the kernel then looks the name up again).
         *cached* says the kernel may hold pages of this version from an earlier open (no format
         probe then). *held_route* is the route other open handles of the same inode use (they must
-        all share one); otherwise the route is chosen here (:func:`~fastfs.fsio.policy.choose_route`).
-        """
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
-        route = held_route or choose_route(self.config.fuse.passthrough, self.passthrough_available, self.source.local)
-        passthrough = route == ROUTE_PASSTHROUGH
-        fh, entry = self._acquire_entry(path, expect, need_source=passthrough, kernel_cached=cached)
-        try:
-            if held_route == ROUTE_PASSTHROUGH:  # on a source that is served, the inode's opens pass through to disk
-                served = choose_route(self.config.fuse.passthrough, True, self.source.local) == ROUTE_SERVED
-                on_disk = served and self._disk_backing(entry)
-            else:
-                on_disk = not passthrough and self._disk_backing(entry)
-        except BaseException:
-            self.release(fh)
-            raise
-        on_disk, backing_fd = self.handles.backing_fd(entry, on_disk, passthrough)
-        if on_disk:
-            route = ROUTE_PASSTHROUGH
-        self.trace("open %s: %d bytes, %s, %s", path, entry.size, route, "seen before" if cached else "first open")
-        if on_disk:
-            self.stats.add(m.OPENS_DISK)
-            self.stats.add(m.BYTES_DISK_OPENED, entry.size)
-            if self.config.readahead.enabled:
-                self.scanner.on_open(path, entry.size)  # scans and learned sets go on over files read from disk
-        elif passthrough:
-            self.stats.add(m.OPENS_PASSTHROUGH)
-            self.stats.add(m.BYTES_PASSTHROUGH_OPENED, entry.size)
-        else:
-            self.stats.add(m.OPENS)
-            self._after_open(path, entry, probe=not cached)
-        if self.cache.checking:  # debug switch (cache.check_invariants): the handle table after a change
-            self.handles.check_invariants()
-        return OpenResult(fh, route, backing_fd, entry.key, entry.st)
+        all share one). The route is the :class:`~fastfs.fsio.opening.Opener`'s decision."""
+        return self.opener.open(path, flags, expect, cached, held_route)
 
-    def _acquire_entry(
-        self,
-        path: str,
-        expect: FileKey | None = None,
-        need_source: bool = False,
-        kernel_cached: bool = False,
-        implicit_at: float | None = None,
-    ) -> tuple[int, FileEntry]:
-        """Revalidate the source (close-to-open) and return a new handle on the shared entry of its
-        version (with *implicit_at*: the path's implicit handle, see :meth:`HandleTable.attach`).
+    def reroute(self, fh: int, held_route: str) -> OpenResult:
+        """Open *fh* again decided for *held_route*: the inode's other handles settled that route
+        meanwhile (see :meth:`fastfs.fsio.opening.Opener.reroute`)."""
+        return self.opener.reroute(fh, held_route)
 
-        Fresh metadata from a scan answers the open without a source round trip when the data is at
-        hand: in RAM, on the disk tier, or in the kernel's page cache (*kernel_cached*: the inode was
-        opened before)."""
-        meta = None if need_source else self.scanner.fresh_meta(path)
-        src: SourceFile | None = None
-        if meta is not None and (
-            kernel_cached or self.cache.peek(meta.key, 0) is not None or self._on_disk(path, meta)
-        ):
-            key, size, st = meta.key, meta.st.st_size, meta.st
-        else:
-            src = self.source.open_file(path)
-            key, size, st = src.key, src.size, src.st
-        if expect is not None and key != expect:
-            if src is not None:
-                src.close()
-            raise OSError(errno.ESTALE, "source file changed since it was looked up", path)
-
-        def make() -> FileEntry:
-            return FileEntry(path, key, size, src, st, self._new_policy(size), dkey=self._disk_key(path, key))
-
-        attached = self.handles.attach(path, key, src, make, implicit_at)
-        if attached.src is not None:
-            self.handles.put_source(attached.src)
-        previous = attached.previous
-        if previous is not None and previous != key:  # the path has a new version: free the old one's blocks
-            self.cache.invalidate_file(previous)
-            self.cache.invalidate_file(HeadKey(previous))
-        for old_fh in attached.stale:
-            self.release(old_fh)
-        return attached.fh, attached.entry
-
-    def _disk_key(self, path: str, key: FileKey) -> tuple:
-        return self.disk.key(path, key) if self.disk is not None else ()
-
-    def _on_disk(self, path: str, meta: MetaEntry) -> bool:
-        """Whether the disk tier holds all of the version a scan's metadata describes (its open is then
-        answered from that metadata, as for a file the scan holds in RAM)."""
-        return self.disk is not None and self.disk.holds(self.disk.key(path, meta.key), 0, meta.st.st_size)
-
-    def _disk_backing(self, entry: FileEntry) -> bool:
-        """Whether this open of *entry* (otherwise served) goes by passthrough to its complete file in the
-        disk tier, which is then ``entry.disk_fd``: the kernel route must exist and not be turned off.
-        Every such open asks the store again, which re-checks the data file's identity."""
-        if self.disk is None or not entry.dkey or not self.passthrough_available or entry.size < DISK_PASSTHROUGH_MIN:
-            return False
-        if self.config.fuse.passthrough == "off":
-            return False
-        fd = self.disk.complete_fd(entry.dkey)
-        if fd is None:
-            return False
-        fd = self.handles.set_disk_fd(entry, fd)
-        if fd >= 0:
-            os.close(fd)  # the kernel's backing file of this version is the one opened first
-        return True
-
-    def _new_policy(self, size: int) -> StreamPolicy:
-        ra = self.config.readahead
-        return StreamPolicy(size, ra.initial_window, ra.max_window)
+    def refused(self, fh: int, reason: str) -> OpenResult:
+        """The kernel refused the backing file of open *fh*: no open passes through from now on, and
+        *fh* is served (see :meth:`fastfs.fsio.opening.Opener.refused`)."""
+        return self.opener.refused(fh, reason)
 
     def release(self, fh: int) -> None:
-        released = self.handles.release(fh)
-        if self.cache.checking:  # debug switch (cache.check_invariants): the handle table after a change
-            self.handles.check_invariants()
-        if released is None:
-            return
-        if released.disk_fd >= 0:
-            os.close(released.disk_fd)
-        if released.last_handle:
-            self.reads.account_file(released.entry, 0, 0, flush=True)
-            self.probe.learn_load(released.entry)
-        if released.src is not None:
-            self.handles.put_source(released.src)
+        self.opener.release(fh)
 
-    def _after_open(self, path: str, entry: FileEntry, probe: bool) -> None:
-        """Format probe (first open of a version: later opens find the kernel's cache) and scan bookkeeping."""
-        if not self.config.readahead.enabled:
-            return
-        if probe:
-            self.probe.maybe_probe(entry)
-        self.scanner.on_open(path, entry.size)
+    def _last_handle(self, entry: FileEntry) -> None:
+        """The last handle of *entry* was released: its final byte counts, what the load read (learning)."""
+        self.reads.account_file(entry, 0, 0, flush=True)
+        self.probe.learn_load(entry)
 
     # == read =======================================================================================
     def read(self, fh: int, offset: int, size: int) -> bytes:
@@ -413,8 +304,8 @@ class Engine:
         entry = self.handles.implicit(path, now, self.config.fuse.attr_timeout, expect)
         if entry is not None:
             return entry
-        _fh, entry = self._acquire_entry(path, expect, implicit_at=now)
-        self._after_open(path, entry, probe=True)
+        _fh, entry = self.opener.acquire(path, expect, implicit_at=now)
+        self.opener.after_open(entry, probe=True)
         return entry
 
     # == for warm jobs and cache reports (fastfs.fsio.warm) ==========================================
@@ -429,14 +320,12 @@ class Engine:
     def hold(self, path: str) -> tuple[int, FileEntry]:
         """A handle (and the entry) of the current version of *path*, without what :meth:`open` does
         for a reader (no format probe, scan bookkeeping, learning or open count); :meth:`release` it."""
-        return self._acquire_entry(path)
+        return self.opener.acquire(path)
 
     def passes_through(self) -> bool:
         """True when new opens of this mount go to the kernel by passthrough (warm fills the source's
         page cache then, since reads of those files never come to the RAM cache)."""
-        return choose_route(self.config.fuse.passthrough, self.passthrough_available, self.source.local) == (
-            ROUTE_PASSTHROUGH
-        )
+        return self.opener.passes_through()
 
     def page_cache_warm(self, path: str) -> int:
         """Ask the whole source file *path* into the source's page cache (``POSIX_FADV_WILLNEED``, in
@@ -525,8 +414,9 @@ class Engine:
         streams = sequential = 0
         for entry in entries:
             with entry.lock:  # (the policy is guarded by it)
-                streams += len(entry.policy.streams)
-                sequential += sum(1 for s in entry.policy.streams if s.sequential)
+                policy = entry.reads.policy
+                streams += len(policy.streams)
+                sequential += sum(1 for s in policy.streams if s.sequential)
         gauges.update(
             open_files=open_files,
             file_versions=len(entries),
@@ -554,6 +444,7 @@ class Engine:
         restart = needs_remount(self.config, config)
         live = apply_live(self.config, config)
         self.config = live
+        self.opener.reconfigure(live)
         self.cache.set_budget(config.cache.budget or default_budget())
         self.fills.reconfigure(live.readahead.read_timeout)
         self.probe.reconfigure(live.readahead)
@@ -561,7 +452,7 @@ class Engine:
         self.reads.reconfigure(live.readahead)
         for entry in self.handles.entries():
             with entry.lock:
-                entry.policy.set_windows(live.readahead.initial_window, live.readahead.max_window)
+                entry.reads.policy.set_windows(live.readahead.initial_window, live.readahead.max_window)
         return restart
 
     def check_invariants(self) -> None:
@@ -576,13 +467,7 @@ class Engine:
         self.scanner.close()
         self.pool.close()
         self._save_learned()
-        for entry in self.handles.close():
-            if entry.src is not None:
-                self.handles.put_source(entry.src)
-                entry.src = None
-            if entry.disk_fd >= 0:
-                os.close(entry.disk_fd)
-                entry.disk_fd = -1
+        self.opener.close()
         if self.disk is not None:
             self.disk.close()  # queued writes finish first (the blocks they pin stay valid until then)
         self.cache.close()

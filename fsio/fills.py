@@ -1,8 +1,9 @@
 """Block fills and exact reads: every byte the read path takes from the source or the disk tier.
 
-:class:`Fills` is handed what it needs (the cache, the pool, the disk tier, the stats, the handle
-table for source references, the block size and the read settings) and knows nothing of the engine.
-Its parts:
+:class:`Fills` is handed what it needs (the cache, the pool, the disk tier, the stats, the block
+size, the read settings and one callback, ``on_unstuck``, told when an entry's last stuck read
+returned) and knows nothing of the engine or the handle table: source files come from each entry's
+own :class:`~fastfs.fsio.source.SourceRef`. Its parts:
 
 * **Block fills** (:meth:`Fills.fetch_block`, :meth:`Fills.prefetch`): reserve a cache block and
   queue its fill: from the disk tier when it holds the range (:class:`~fastfs.fsio.disk.tier.DiskFill`,
@@ -26,9 +27,9 @@ jobs (so a reader waiting on a queued prefetch promotes them) and the priority t
 
 Concurrency: :class:`Fills` holds no mutable state of its own besides the settings, which
 :meth:`Fills.reconfigure` replaces (single attribute stores, read without a lock). A
-:class:`Preads`' ``results``, ``left`` and ``abandoned`` are guarded by its ``guard``; the entry
-fields it changes (``stuck``, ``probe_at``, ``unstuck``, ``inline``, ``inline_stuck``) by the entry's
-lock. No lock is held across a pread or while waiting for one.
+:class:`Preads`' ``results``, ``left`` and ``abandoned`` are guarded by its ``guard``; the entry's
+:class:`~fastfs.fsio.entry.StuckReads`, which this module alone writes, by the entry's lock. No lock
+is held across a pread or while waiting for one.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from collections.abc import Callable
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import READY, Block, BlockCache, round_up
 from fastfs.fsio.disk.tier import DiskFill, DiskTier
-from fastfs.fsio.handles import FileEntry, HandleTable
+from fastfs.fsio.entry import FileEntry
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.source import DIRECT_ALIGN, SourceFile
 
@@ -91,17 +92,17 @@ class Fills:
         pool: PreadPool,
         stats: m.Stats,
         disk: DiskTier | None,
-        handles: HandleTable,
         block_size: int,
         source_streams: int,
         read_timeout: float,
+        on_unstuck: Callable[[FileEntry], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cache = cache
         self.pool = pool
         self.stats = stats
         self.disk = disk
-        self.handles = handles  # source references and the forgetting of entries that were stuck
+        self.on_unstuck = on_unstuck  # the last stuck read of an entry returned (the handle table may forget it)
         self.block_size = block_size
         self.source_streams = source_streams  # fixed for the mount (a restart setting)
         self.read_timeout = read_timeout  # seconds (0: no bound); replaced by reconfigure
@@ -179,14 +180,14 @@ class Fills:
 
     def start_source_fill(self, entry: FileEntry, block: Block, start: int, length: int, demand: bool) -> bool:
         """Queue the fill of a block from the source as parallel pieces (see :meth:`start_fill`)."""
-        if entry.stuck:  # no more reads queued behind the stuck ones of this file: a reader goes to
-            # read_direct, which fails fast (or tries the source once per probe period)
+        if entry.stuck_reads.count:  # no more reads queued behind the stuck ones of this file: a reader
+            # goes to read_direct, which fails fast (or tries the source once per probe period)
             self.cache.fail(block, 0)
             if not demand:
                 self.stats.add(m.BACKPRESSURE)
             return False
         try:
-            src = self.handles.get_source(entry)
+            src = entry.source.get()
         except OSError as e:
             self.cache.fail(block, e.errno or errno.EIO)
             return False
@@ -202,7 +203,7 @@ class Fills:
         if self.pool.submit_prefetch_all(fill.jobs):
             return True
         block.job = None
-        self.handles.put_source(src)
+        entry.source.put(src)
         self.cache.fail(block, 0)
         self.stats.add(m.BACKPRESSURE)
         return False
@@ -221,7 +222,7 @@ class Fills:
             entry = fill.entry
             self.complete_block(block, n, entry.dkey, entry.size, length)
         finally:
-            self.handles.put_source(fill.src)
+            fill.entry.source.put(fill.src)
 
     def complete_block(self, block: Block, n: int, dkey: tuple, size: int, length: int) -> None:
         """Mark a filled block READY (``n`` bytes) and hand it to the disk tier when the tier keeps it."""
@@ -247,7 +248,8 @@ class Fills:
                 self.pool.promote(job)
         # an earlier reader already gave up on this fill or on another read of the file (this is
         # the read let through to try the source): wait only briefly for the source to come back
-        if not block.done.wait(retry_wait(timeout, block.errno == errno.ETIMEDOUT or bool(entry.stuck))):
+        retry = block.errno == errno.ETIMEDOUT or bool(entry.stuck_reads.count)
+        if not block.done.wait(retry_wait(timeout, retry)):
             block.errno = errno.ETIMEDOUT
             if isinstance(fill, Preads):
                 fill.abandon()
@@ -272,17 +274,18 @@ class Fills:
         """True when a read of *entry* should fail at once: earlier source reads of it are stuck (a
         reader timed out on them and they have not returned), so a new one would only queue behind
         them. One read per :data:`STUCK_PROBE_SECONDS` is let through to notice a source that is back."""
-        if not entry.stuck:
+        stuck = entry.stuck_reads
+        if not stuck.count:
             return False
         # the stuck reads may be returning right now (a source that came back): wait a moment for them
-        if entry.unstuck.wait(UNSTUCK_WAIT):
+        if stuck.clear.wait(UNSTUCK_WAIT):
             return False
         now = self.clock()
         with entry.lock:
-            if not entry.stuck:
+            if not stuck.count:
                 return False
-            if now - entry.probe_at >= STUCK_PROBE_SECONDS:
-                entry.probe_at = now
+            if now - stuck.probe_at >= STUCK_PROBE_SECONDS:
+                stuck.probe_at = now
                 return False
         return True
 
@@ -294,28 +297,30 @@ class Fills:
         """The kernel layer gave up on a read of *entry* (its watchdog answered the request while the
         read ran on): if an inline source read of the file is still out, it counts as a stuck read of
         the file until it returns, so later reads of it fail fast instead of hanging one more thread."""
+        stuck = entry.stuck_reads
         with entry.lock:
-            if entry.inline <= entry.inline_stuck:
+            if stuck.inline <= stuck.inline_stuck:
                 return  # no inline read out that is not counted already
-            if not entry.stuck:
-                entry.probe_at = self.clock()
-                entry.unstuck.clear()
-            entry.stuck += 1
-            entry.inline_stuck += 1
+            if not stuck.count:
+                stuck.probe_at = self.clock()
+                stuck.clear.clear()
+            stuck.count += 1
+            stuck.inline_stuck += 1
         self.stats.add(m.TIMEOUTS)
 
     def _inline_done(self, entry: FileEntry) -> None:
+        stuck = entry.stuck_reads
         with entry.lock:
-            entry.inline -= 1
+            stuck.inline -= 1
             unstuck = False
-            if entry.inline_stuck:
-                entry.inline_stuck -= 1
-                entry.stuck -= 1
-                unstuck = entry.stuck == 0
+            if stuck.inline_stuck:
+                stuck.inline_stuck -= 1
+                stuck.count -= 1
+                unstuck = stuck.count == 0
                 if unstuck:
-                    entry.unstuck.set()
+                    stuck.clear.set()
         if unstuck:
-            self.handles.unstuck(entry)
+            self.on_unstuck(entry)
 
     # -- exact reads ------------------------------------------------------------------------------
     def read_exact(self, entry: FileEntry, pos: int, view: memoryview) -> int:
@@ -346,19 +351,19 @@ class Fills:
         timeout = self.read_timeout
         if timeout and self.fail_fast(entry):
             self._failed_fast(entry)
-        handles = self.handles
-        src = handles.get_source(entry)
+        source = entry.source
+        src = source.get()
         length = len(view)
         aligned = length >= EXACT_ALIGNED_MIN and pos % DIRECT_ALIGN == 0
         if not aligned and (not timeout or self.inline_reads):
             # on the reader's own thread: a hand-off to the pool costs more than the read on a fast
             # source; a hung one is bounded by the kernel layer's watchdog (abandoned_read)
             with entry.lock:
-                entry.inline += 1
+                entry.stuck_reads.inline += 1
             try:
                 n = self.timed_pread(src, pos, view, entry.path)
             finally:
-                handles.put_source(src)
+                source.put(src)
                 self._inline_done(entry)
             self.stats.add(m.BYTES_FETCHED_DEMAND, n)
             return n
@@ -368,7 +373,7 @@ class Fills:
         done.acquire()
 
         def finished(batch: Preads) -> None:
-            handles.put_source(src)
+            source.put(src)
             done.release()
 
         bounce = mmap.mmap(-1, size) if aligned else bytearray(length)
@@ -379,7 +384,7 @@ class Fills:
             for job in batch.jobs:
                 self.pool.submit_demand(job)
         # while an earlier read of this file is stuck past the timeout, wait only briefly
-        wait = retry_wait(timeout, bool(entry.stuck))
+        wait = retry_wait(timeout, bool(entry.stuck_reads.count))
         if not done.acquire(timeout=wait if wait else -1):
             if batch.abandon():
                 self._timed_out(entry)
@@ -397,7 +402,7 @@ class Preads:
 
     ``results`` holds each piece's byte count or error (an ``OSError`` without its traceback, whose
     frames would keep views of ``view`` alive). ``results``, ``left`` and ``abandoned`` (a reader gave up
-    waiting: the read counts in ``entry.stuck`` until its last piece returns, and pieces not started yet
+    waiting: the read counts in ``entry.stuck_reads`` until its last piece returns, and pieces not started yet
     are skipped) are guarded by ``guard``; the rest is set once. ``demand`` is the priority the jobs
     were queued with (a reader waiting for a queued prefetch promotes its jobs).
     """
@@ -447,11 +452,12 @@ class Preads:
                 return self.left > 0
             self.abandoned = True
         entry = self.entry
+        stuck = entry.stuck_reads
         with entry.lock:
-            if not entry.stuck:  # the next read let through to try the source is one probe period away
-                entry.probe_at = self.fills.clock()
-                entry.unstuck.clear()
-            entry.stuck += 1
+            if not stuck.count:  # the next read let through to try the source is one probe period away
+                stuck.probe_at = self.fills.clock()
+                stuck.clear.clear()
+            stuck.count += 1
         return True
 
     def total(self) -> int:
@@ -496,11 +502,12 @@ class Pread:
         if last:
             if abandoned:  # the source answered at last: reads of this file may wait again
                 entry = batch.entry
+                stuck = entry.stuck_reads
                 with entry.lock:
-                    entry.stuck -= 1
-                    unstuck = entry.stuck == 0
+                    stuck.count -= 1
+                    unstuck = stuck.count == 0
                     if unstuck:
-                        entry.unstuck.set()
+                        stuck.clear.set()
                 if unstuck:
-                    batch.fills.handles.unstuck(entry)
+                    batch.fills.on_unstuck(entry)
             batch.done(batch)

@@ -18,24 +18,27 @@ of the file key (window number as index), so they never collide with the file's 
 tier never stores them. :meth:`FormatProbe.head_block` finds the window holding a read, which the
 read path then serves from it.
 
-Concurrency: the probe runs on one pool worker per version (``entry.probed`` under the entry's
-lock makes it once); it sets ``entry.range_plan`` and ``entry.heads`` under the entry's lock;
-``entry.heads`` is replaced whole and read without the lock (one load of an immutable tuple). The
+State: what the probe learns about a version is the entry's :class:`~fastfs.fsio.entry.FormatState`
+(``entry.format``), which this module alone writes; the probe reads through the entry's own
+:class:`~fastfs.fsio.source.SourceRef`.
+
+Concurrency: the probe runs on one pool worker per version (``format.probed`` under the entry's
+lock makes it once); it sets ``format.plan`` and ``format.heads`` under the entry's lock;
+``format.heads`` is replaced whole and read without the lock (one load of an immutable tuple). The
 probe holds no lock across its reads. ``readahead`` and ``learn`` are single attribute loads.
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import NamedTuple
 
 from fastfs.config.schema import ReadaheadConfig
 from fastfs.fsio import formats
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import READY, Block, BlockCache, round_up
 from fastfs.fsio.disk.tier import DiskTier
+from fastfs.fsio.entry import FileEntry, HeadWindow
 from fastfs.fsio.fills import Fills
-from fastfs.fsio.handles import FileEntry, HandleTable
 from fastfs.fsio.policy import RangePlan
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.source import DIRECT_ALIGN, HeadKey
@@ -62,13 +65,7 @@ FORMAT_LEAD = 256 * 1024 * 1024
 # Sorts after every window of the same start (bisect key for "the last window starting <= offset").
 _AFTER_ANY = float("inf")
 
-
-class HeadWindow(NamedTuple):
-    """One fetched head window: file bytes [start, stop) in cache block (HeadKey(file key), index)."""
-
-    start: int
-    stop: int
-    index: int
+__all__ = ["FormatProbe", "HeadWindow"]
 
 
 class FormatProbe:
@@ -81,7 +78,6 @@ class FormatProbe:
         stats: m.Stats,
         disk: DiskTier | None,
         fills: Fills,
-        handles: HandleTable,
         block_size: int,
         readahead: ReadaheadConfig,
         trace: DecisionLog,
@@ -92,7 +88,6 @@ class FormatProbe:
         self.stats = stats
         self.disk = disk
         self.fills = fills
-        self.handles = handles  # source references for the probe's reads
         self.block_size = block_size
         self.readahead = readahead  # replaced whole by reconfigure
         self.trace = trace
@@ -104,14 +99,15 @@ class FormatProbe:
     # -- probe ------------------------------------------------------------------------------------
     def maybe_probe(self, entry: FileEntry) -> None:
         """Queue the format probe of *entry* unless it had one (or is too small, or formats are off)."""
-        if not self.readahead.formats or entry.probed or entry.size < FORMAT_MIN_SIZE:
+        state = entry.format
+        if not self.readahead.formats or state.probed or entry.size < FORMAT_MIN_SIZE:
             return
         with entry.lock:
-            probe = not entry.probed
-            entry.probed = True
-            entry.planning = probe
+            probe = not state.probed
+            state.probed = True
+            state.planning = probe
         if probe and not self.pool.submit_prefetch(lambda: self._probe_format(entry)):
-            entry.planning = False
+            state.planning = False
             self.stats.add(m.BACKPRESSURE)
 
     def _probe_format(self, entry: FileEntry) -> None:
@@ -119,7 +115,7 @@ class FormatProbe:
         try:
             self._plan_format(entry)
         finally:
-            entry.planning = False
+            entry.format.planning = False
 
     def _read_at(self, entry: FileEntry, offset: int, length: int) -> bytes:
         """[offset, offset+length) of *entry* for the format parser: from a ready cache block, the disk
@@ -132,14 +128,14 @@ class FormatProbe:
             n = self.disk.read(entry.dkey, offset, memoryview(buf))
             if n is not None:
                 return bytes(buf[:n])
-        src = self.handles.get_source(entry)
+        src = entry.source.get()
         try:
             buf = bytearray(max(0, min(length, entry.size - offset)))
             n = self.fills.timed_pread(src, offset, memoryview(buf), entry.path)
             self.stats.add(m.BYTES_FETCHED_PREFETCH, n)
             return bytes(buf[:n])
         finally:
-            self.handles.put_source(src)
+            entry.source.put(src)
 
     def _plan_format(self, entry: FileEntry) -> None:
         if entry.handles == 0:  # (read without the table's lock: closed meanwhile, a probe is not worth it)
@@ -180,10 +176,10 @@ class FormatProbe:
             "released whole, as the last load read it all" if whole else "released as the loader proves it reads on",
         )
         with entry.lock:
-            entry.range_plan = RangePlan(tuple(plan.ranges), lead, max_lead, whole=whole)
-            ranges = entry.range_plan.advance()
+            range_plan = entry.format.plan = RangePlan(tuple(plan.ranges), lead, max_lead, whole=whole)
+            ranges = range_plan.advance()
             if self.cache.checking:  # debug switch (cache.check_invariants)
-                entry.range_plan.check_invariants()
+                range_plan.check_invariants()
         self.fills.prefetch(entry, ranges)
 
     def _cached_range(self, entry: FileEntry, offset: int, length: int) -> bytes | None:
@@ -204,7 +200,7 @@ class FormatProbe:
 
     def learn_load(self, entry: FileEntry) -> None:
         """The last handle of a planned file closed: remember how much of its plan the load read."""
-        plan = entry.range_plan
+        plan = entry.format.plan
         if self.learn is None or plan is None or plan.read == 0 or plan.total == 0:
             return  # nothing read through fastfs (the kernel's cache served it): nothing learned
         self.learn.record_file(entry.path, entry.size, entry.key.mtime_ns, plan.read / plan.total)
@@ -236,11 +232,11 @@ class FormatProbe:
             self.cache.unpin(block)
             heads.append(HeadWindow(start, stop, index))
         with entry.lock:
-            entry.heads = tuple(heads)
+            entry.format.heads = tuple(heads)
 
     def head_block(self, entry: FileEntry, offset: int, end: int) -> Block | None:
         """The (pinned) block of the head window holding all of [offset, end), or None."""
-        heads = entry.heads
+        heads = entry.format.heads
         k = bisect.bisect_right(heads, (offset, _AFTER_ANY)) - 1  # the last window starting <= offset
         if k < 0:
             return None

@@ -24,6 +24,10 @@
 
 Block fills, exact reads, timeouts and the retry-wait rule live in :mod:`fastfs.fsio.fills`.
 
+State: what the read path keeps about a version is the entry's :class:`~fastfs.fsio.entry.ReadState`
+(``entry.reads``: the stream policy and the byte counters), which this module alone writes; it
+reads the probe's :class:`~fastfs.fsio.entry.FormatState` (``entry.format``: plan, heads).
+
 Concurrency: :class:`ReadPath` has no mutable state of its own besides the settings
 (``readahead``, replaced whole by :meth:`ReadPath.reconfigure`, one attribute load per read). The
 entry's lock guards its policy and plan (held only while they decide, never across I/O) and its
@@ -37,8 +41,8 @@ from typing import NamedTuple
 from fastfs.config.schema import ReadaheadConfig
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import FAILED, READY, Block, BlockCache
+from fastfs.fsio.entry import FileEntry
 from fastfs.fsio.fills import Fills
-from fastfs.fsio.handles import FileEntry
 from fastfs.fsio.policy import ReadPlan
 from fastfs.fsio.probe import FormatProbe
 from fastfs.fsio.trace import DecisionLog
@@ -105,7 +109,7 @@ class ReadPath:
         if end <= offset:
             self.stats.request(0, 0)
             return 0
-        served = self._from_head(entry, offset, end, dest, parts) if entry.heads else None
+        served = self._from_head(entry, offset, end, dest, parts) if entry.format.heads else None
         if served is None:
             decision = self._classify(entry, offset, end) if self.readahead.enabled else None
             demand = self._reserve_demand(entry, offset, end) if decision is not None and decision.sequential else []
@@ -142,9 +146,10 @@ class ReadPath:
     # -- step 3: classify -------------------------------------------------------------------------
     def _classify(self, entry: FileEntry, offset: int, end: int) -> Decision:
         """Feed the read to the policies (under the entry's lock); count and trace stream events."""
+        state = entry.format
         with entry.lock:
-            plan = entry.policy.on_read(offset, end - offset)
-            range_plan = entry.range_plan
+            plan = entry.reads.policy.on_read(offset, end - offset)
+            range_plan = state.plan
             planned = range_plan is not None and range_plan.contains(offset)
             # inside a format plan the plan alone decides what to fetch ahead: it knows where
             # the loader's ranges end, the stream policy would read on past them
@@ -154,7 +159,7 @@ class ReadPath:
                 confirmed = range_plan.confirmed
                 if self.cache.checking:  # debug switch (cache.check_invariants): the plan's own check
                     range_plan.check_invariants()
-            elif entry.planning and plan.prefetch and offset == 0:
+            elif state.planning and plan.prefetch and offset == 0:
                 # the bet on a read from offset 0 waits for the format plan being made now
                 ranges = []
             else:
@@ -163,9 +168,9 @@ class ReadPath:
         # whose run the plan confirmed); other reads are served exactly while the prefetch
         # brings the blocks in order
         sequential = plan.sequential and confirmed
-        if planned and not plan.sequential and not entry.mmap_seen:
+        if planned and not plan.sequential and not entry.reads.mmap_seen:
             # out-of-order reads inside a planned range: page faults of an mmap load
-            entry.mmap_seen = True
+            entry.reads.mmap_seen = True
             self.stats.add(m.MMAP_STREAMS)
         if plan.started:
             self.stats.add(m.SEQ_STREAMS)
@@ -210,7 +215,7 @@ class ReadPath:
         upto, complete = self.fills.prefetch(entry, decision.ranges)
         if decision.plan.prefetch and not decision.planned:
             with entry.lock:
-                entry.policy.scheduled(decision.plan.stream, upto, complete)
+                entry.reads.policy.scheduled(decision.plan.stream, upto, complete)
 
     # -- step 6: serve ----------------------------------------------------------------------------
     def _serve(
@@ -306,12 +311,13 @@ class ReadPath:
     def account_file(self, entry: FileEntry, delivered: int, direct: int, flush: bool = False) -> None:
         """Per-file bytes for the top-files table, summed per entry (its own lock) and handed to the
         shared table in batches, so a read does not take a mount-wide lock."""
+        state = entry.reads
         with entry.lock:
-            entry.delivered += delivered
-            entry.direct += direct
-            if not flush and entry.delivered < FILE_STATS_BATCH:
+            state.delivered += delivered
+            state.direct += direct
+            if not flush and state.delivered < FILE_STATS_BATCH:
                 return
-            delivered, direct = entry.delivered, entry.direct
-            entry.delivered = entry.direct = 0
+            delivered, direct = state.delivered, state.direct
+            state.delivered = state.direct = 0
         if delivered or direct:
             self.stats.file_bytes(entry.path, fetched=direct, delivered=delivered)

@@ -353,9 +353,9 @@ class SourceFile:
     own stream, so parallel block reads on several handles are not limited to one stream's
     bandwidth. Other reads use the first descriptor, buffered.
 
-    Reference counted by the engine (shared between handles of the same version and in-flight
-    fetches); closed when the last user releases it. ``refs`` is guarded by the engine's lock;
-    ``_streams`` and ``_direct`` are changed under ``_direct_lock``.
+    Reference counted through its :class:`SourceRef` (shared between the handles of the same version
+    and the reads in flight); closed when the last user puts it back. ``refs`` is guarded by that
+    ref's lock; ``_streams`` and ``_direct`` are changed under ``_direct_lock``.
     """
 
     __slots__ = ("fd", "st", "key", "size", "refs", "_source", "_parts", "_streams", "_direct", "_max", "_rr")
@@ -461,3 +461,81 @@ class SourceFile:
                 os.close(fd)
         if self._source is not None:
             self._source.give_streams(len(fds) - 1)
+
+
+class SourceRef:
+    """The source file of one open file version, shared by its handles and the reads in flight.
+
+    The handles of the version hold the file together, as one reference, from the first handle to
+    the last (:meth:`hold`, :meth:`drop`: the handle table calls them, under its own lock, as it counts
+    handles). Every block fill, exact read and format probe takes a reference of its own with
+    :meth:`get` for as long as its preads run and gives it back with :meth:`put`, so the release of the
+    last handle never closes a descriptor under a read: the last :meth:`put` closes it. When the open
+    was answered from a scan's metadata the version has no file yet: :meth:`get` opens it then and
+    checks it is still the version (ESTALE otherwise); the handles keep it from then on.
+
+    Concurrency: ``_lock`` guards ``file``, ``held`` and the ``refs`` of the files it hands out; it is
+    taken after the handle table's lock (never the other way round) and never held across an open or
+    a close. ``file`` is also read without it, as a hint (reports, the route of a passthrough open,
+    whose handle keeps the file held).
+    """
+
+    __slots__ = ("_source", "path", "key", "file", "held", "_lock")
+
+    def __init__(self, source: Source, path: str, key: FileKey) -> None:
+        self._source = source  # reopens the file when the open was answered from metadata
+        self.path = path
+        self.key = key
+        self.file: SourceFile | None = None  # the file the handles hold (one reference for all of them)
+        self.held = False  # the version has handles
+        self._lock = threading.Lock()
+
+    def hold(self, file: SourceFile | None) -> SourceFile | None:
+        """A handle was counted on the version: the handles hold its file from now on, *file* (just
+        opened, with its one reference) becoming it unless they have one. Returns the file not kept,
+        for the caller to :meth:`put` back outside the table's lock, or None."""
+        with self._lock:
+            self.held = True
+            if self.file is None and file is not None:
+                self.file, file = file, None
+        return file
+
+    def drop(self) -> SourceFile | None:
+        """The last handle was released: the handles' reference, for the caller to :meth:`put` back
+        (outside the table's lock), or None when they held no file."""
+        with self._lock:
+            self.held = False
+            file, self.file = self.file, None
+        return file
+
+    def get(self) -> SourceFile:
+        """The version's source file with a reference taken for the caller (opened now if the open was
+        answered from metadata); :meth:`put` it back."""
+        with self._lock:
+            file = self.file
+            if file is not None:
+                file.refs += 1
+                return file
+        fresh = self._source.open_file(self.path)
+        if fresh.key != self.key:
+            fresh.close()
+            raise OSError(errno.ESTALE, "source file changed since it was opened", self.path)
+        with self._lock:
+            file = self.file
+            if file is None:
+                if not self.held:
+                    return fresh  # the last handle went meanwhile: the caller's reference is the only one
+                self.file = fresh  # the handles keep it; the caller's reference is the second
+                fresh.refs += 1
+                return fresh
+            file.refs += 1
+        fresh.close()  # another read opened it first
+        return file
+
+    def put(self, file: SourceFile) -> None:
+        """Give back a reference :meth:`get`, :meth:`hold` or :meth:`drop` handed out (the last one closes)."""
+        with self._lock:
+            file.refs -= 1
+            last = file.refs == 0
+        if last:
+            file.close()

@@ -256,10 +256,12 @@ class Session:
         self.negotiated = negotiated
         if on_init is not None:
             on_init(negotiated)
-        self._send(self.fd, unique, 0, (negotiated.reply(),))
+        # every worker (and its clone of the descriptor) exists before INIT is answered: the kernel
+        # sends no other request before that reply, and a mount that answers has all it will hold
         self.notifier = Notifier(self)
         for _ in range(self.threads):
             self._spawn()
+        self._send(self.fd, unique, 0, (negotiated.reply(),))
         self._watchdog = threading.Thread(target=self._watch, name=f"{self.name}-watchdog", daemon=True)
         self._watchdog.start()
         return negotiated
@@ -390,7 +392,7 @@ class Session:
             current = worker.current
             if current is not None and current[0] == unique:
                 worker.current = (current[0], current[1], current[2], True, current[4])
-                with self._lock:
+                with self._lock:  # (_interrupts is counted by any worker: guarded by _lock)
                     self._interrupts += 1
                 return True
         return False

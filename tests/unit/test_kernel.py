@@ -14,7 +14,7 @@ from kernelclient import KERNEL_FLAGS, init_body
 from fastfs.daemon.kernel import abi
 from fastfs.daemon.kernel.abi import Init
 from fastfs.daemon.kernel.negotiate import BASE_FLAGS, NegotiationError, Offer, Wishes, negotiate
-from fastfs.fsio.nodes import FIRST_ID, ROOT_ID, NodeTable, version_of
+from fastfs.daemon.nodes import FIRST_ID, ROOT_ID, NodeTable, version_of
 
 
 # -- layouts ----------------------------------------------------------------------------------------

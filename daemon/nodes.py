@@ -1,5 +1,8 @@
 """The node table: one kernel inode per source *version*, not per path.
 
+Node ids, lookup counts and passthrough backing ids are kernel concepts, so this table lives on the
+daemon side (only :mod:`fastfs.daemon` imports it); the engine knows paths and file keys.
+
 A FUSE server names every inode the kernel knows by a 64-bit node id. fastfs gives each version of
 a source object its own id: a lookup of a name whose source file was replaced or rewritten returns
 a new id, while the kernel's older inode (held by open files and mappings) keeps its old id, its
@@ -18,6 +21,14 @@ forgotten id finds nothing instead of another file).
 
 ``current`` maps each path to the node of the newest version looked up there; older nodes of the
 same path stay reachable by id until the kernel forgets them.
+
+Routes. The kernel requires every open handle of one inode to use the same route (served or
+passthrough) and, passing through, the same backing file: the first open of a node sets its route
+(:meth:`NodeTable.acquire`), later ones join it while any is open (``join``: the engine then decides
+that open again for the held route), and the backing id registered first is the node's
+(:meth:`NodeTable.attach_backing`). A passthrough node whose backing file the kernel refused and
+that has no backing id falls back to served (:meth:`NodeTable.fall_back`): none of its handles was
+answered yet, as a passthrough reply carries the id.
 
 Concurrency: ``_lock`` guards ``_by_id``, ``_current`` and ``_next_id`` (all writes) and every
 node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen`` (read and written
@@ -165,13 +176,14 @@ class NodeTable:
                 self._check_locked()
             return True
 
-    def acquire(self, node: Node, route: str) -> tuple[str, int]:
+    def acquire(self, node: Node, route: str, join: bool = False) -> tuple[str, int]:
         """Count an open of *node* on *route*; returns (route, backing id) its open handles share.
 
         The first open of a node picks the route; while handles are open, an open on the other
-        route is not counted and gets the held route back (the caller reopens on it)."""
+        route gets the held route back and is not counted, or, with *join*, is counted on the held
+        route (the caller then has the open decided again for it)."""
         with self._lock:
-            if node.opens and node.route != route:
+            if node.opens and node.route != route and not join:
                 return node.route, node.backing
             if node.opens == 0:
                 node.route, node.backing = route, 0
@@ -183,13 +195,24 @@ class NodeTable:
 
     def attach_backing(self, node: Node, backing: int) -> int:
         """Record the passthrough backing id of *node*'s open handles; returns the one to use (an
-        id attached meanwhile by a concurrent open wins: the caller closes its own)."""
+        id attached meanwhile by a concurrent open wins: the caller closes its own), or 0 when the
+        node fell back to served meanwhile (:meth:`fall_back`; the caller closes its id and serves)."""
         with self._lock:
-            if not node.backing:
+            if not node.backing and node.route == "passthrough":
                 node.backing = backing
             if self.checking:
                 self._check_locked()
             return node.backing
+
+    def fall_back(self, node: Node) -> tuple[str, int]:
+        """A passthrough open of *node* could not register a backing file: the node's handles turn
+        served unless one attached a backing id meanwhile; returns the (route, backing id) to use."""
+        with self._lock:
+            if node.route == "passthrough" and not node.backing:
+                node.route = "served"
+            if self.checking:
+                self._check_locked()
+            return node.route, node.backing
 
     def released(self, node: Node) -> int:
         """Count a release of *node*; returns the backing id to close when it was the last handle (else 0)."""

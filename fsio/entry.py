@@ -1,0 +1,168 @@
+"""One open file version (:class:`FileEntry`): its identity and the state each part keeps on it.
+
+A :class:`FileEntry` stands for one version of one source file (its
+:class:`~fastfs.fsio.source.FileKey`) while it has handles (see :mod:`fastfs.fsio.handles`). It keeps
+the version's identity and hands each part that keeps state about the version a component of its
+own, which only that part writes:
+
+================  ====================  =========================================================
+component         owner (the writer)    what
+================  ====================  =========================================================
+``source``        fills, probe, table   :class:`~fastfs.fsio.source.SourceRef`: the reference-counted
+                                        source file (the handle table holds it for the handles)
+``stuck_reads``   :mod:`.fills`         :class:`StuckReads`: source reads a reader gave up on
+``format``        :mod:`.probe`         :class:`FormatState`: the format probe, range plan, heads
+``reads``         :mod:`.readpath`      :class:`ReadState`: stream policy, byte counters
+``group``         :mod:`.pool`          :class:`~fastfs.fsio.pool.FileGroup`: the version's jobs
+``handles``       :mod:`.handles`       handles naming the entry
+``disk_fd``       :mod:`.opening`       the disk-tier file the kernel reads on passthrough opens
+================  ====================  =========================================================
+
+This module is a leaf (it imports only the types of its fields), so the parts that use an entry
+import it and not each other: fills, probe, the read path and the handle table have no import
+circle.
+
+Concurrency: identity (``path``, ``key``, ``size``, ``st``, ``dkey``) is set once. The entry's
+``lock`` guards the fields of ``stuck_reads``, ``format`` and ``reads`` as each component says
+(held only while a policy decides or a count changes, never across I/O); ``handles`` is guarded by
+the handle table's lock, ``source`` by its own, ``group`` by the pool's, ``disk_fd`` as said there.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import NamedTuple
+
+from fastfs.fsio.policy import RangePlan, StreamPolicy
+from fastfs.fsio.pool import FileGroup
+from fastfs.fsio.source import FileKey, SourceFile, SourceRef
+
+
+class HeadWindow(NamedTuple):
+    """One fetched head window: file bytes [start, stop) in cache block (HeadKey(file key), index)."""
+
+    start: int
+    stop: int
+    index: int
+
+
+class StuckReads:
+    """Source reads of the version still running after a reader gave up waiting for them (owned by
+    :mod:`fastfs.fsio.fills`, which alone writes it). While ``count`` > 0 new reads of the file fail
+    fast, except one per probe period (``probe_at``).
+
+    Concurrency: every field is written under the entry's lock; ``count`` is also read without it as
+    a hint and re-checked under it (see :meth:`fastfs.fsio.fills.Fills.fail_fast`); ``clear`` is an
+    event (set while ``count`` == 0, changed under the lock, waited on without it)."""
+
+    __slots__ = ("count", "inline", "inline_stuck", "probe_at", "clear")
+
+    def __init__(self) -> None:
+        self.count = 0  # source reads (direct or block fills) still running after a reader timed out on them
+        self.inline = 0  # source reads running on readers' own threads
+        self.inline_stuck = 0  # of those, counted in count: the kernel layer gave up on their readers
+        self.probe_at = 0.0  # monotonic time the last read was let through to a stuck file
+        self.clear = threading.Event()  # set while count == 0
+        self.clear.set()
+
+
+class FormatState:
+    """What the format probe learned about the version (owned by :mod:`fastfs.fsio.probe`).
+
+    Concurrency: ``probed`` and ``plan`` are written under the entry's lock (``plan`` set once);
+    ``planning`` is set under it and cleared by the probe without it (a bool store; readers only steer
+    prefetch by it); ``heads`` is replaced whole under the lock and read without it (one attribute
+    load of an immutable tuple)."""
+
+    __slots__ = ("probed", "planning", "plan", "heads")
+
+    def __init__(self) -> None:
+        self.probed = False  # a format probe was started
+        self.planning = False  # a format probe is queued or running (its plan will decide what to fetch)
+        self.plan: RangePlan | None = None  # the format's range plan
+        self.heads: tuple[HeadWindow, ...] = ()  # the fetched head windows, by start
+
+
+class ReadState:
+    """The read path's state of the version (owned by :mod:`fastfs.fsio.readpath`): the stream
+    policy its reads feed and the bytes not yet added to the shared top-files table.
+
+    Concurrency: ``policy``, ``delivered`` and ``direct`` are guarded by the entry's lock (the engine's
+    reconfigure and snapshot take it too); ``mmap_seen`` is a bool set once without it."""
+
+    __slots__ = ("policy", "delivered", "direct", "mmap_seen")
+
+    def __init__(self, policy: StreamPolicy) -> None:
+        self.policy = policy
+        self.delivered = 0  # bytes delivered, not yet added to the top-files table
+        self.direct = 0  # bytes read from the source for them outside blocks, likewise
+        self.mmap_seen = False  # out-of-order reads inside the format plan were counted
+
+
+class FileEntry:
+    """One open file version shared by its handles (see the module docstring for its components)."""
+
+    __slots__ = (
+        "path",
+        "key",
+        "size",
+        "st",
+        "dkey",
+        "lock",
+        "source",
+        "stuck_reads",
+        "format",
+        "reads",
+        "group",
+        "handles",
+        "disk_fd",
+    )
+
+    def __init__(
+        self,
+        path: str,
+        key: FileKey,
+        size: int,
+        st: os.stat_result,
+        source: SourceRef,
+        policy: StreamPolicy,
+        dkey: tuple,
+    ) -> None:
+        self.path = path
+        self.key = key
+        self.size = size
+        self.st = st
+        self.dkey = dkey  # key of this version in the disk tier (() without one)
+        self.lock = threading.Lock()
+        self.source = source
+        self.stuck_reads = StuckReads()
+        self.format = FormatState()
+        self.reads = ReadState(policy)
+        self.group = FileGroup()
+        self.handles = 0  # handles naming this entry (the handle table's lock)
+        self.disk_fd = -1  # descriptor of the complete disk-tier file handed to the kernel as the backing
+        # file of passthrough opens: set once per holding by the opener (Opener.disk_backing, under the
+        # entry's lock, while the opening handle keeps the entry), taken by the handle table at the
+        # last release (under its lock; no open of the entry can run then)
+
+    # -- read-only views for reports and tests (each part uses its own component) -------------------
+    @property
+    def src(self) -> SourceFile | None:
+        """The source file the handles hold (None while the open was answered from metadata)."""
+        return self.source.file
+
+    @property
+    def stuck(self) -> int:
+        """Source reads a reader gave up on that are still running (:class:`StuckReads`)."""
+        return self.stuck_reads.count
+
+    @property
+    def range_plan(self) -> RangePlan | None:
+        """The format's range plan (:class:`FormatState`), once the probe made one."""
+        return self.format.plan
+
+    @property
+    def heads(self) -> tuple[HeadWindow, ...]:
+        """The fetched head windows (:class:`FormatState`)."""
+        return self.format.heads

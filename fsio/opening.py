@@ -1,0 +1,361 @@
+"""Opens and releases of file versions, and the one place that decides the route of an open.
+
+An open is read one of three ways, its :class:`Route`:
+
+* **served** (``kind`` ``served``): reads come to the engine (RAM cache, prefetch, stats);
+* **passthrough to the source** (``kind`` ``passthrough``, ``backing_fd`` the source file): the kernel
+  reads the source file itself, at the source's own speed;
+* **passthrough to the disk tier** (``passthrough``, ``on_disk``, ``backing_fd`` the tier's file): the
+  kernel reads the complete, verified copy the disk tier holds of a version of at least
+  :data:`DISK_PASSTHROUGH_MIN`, also for sources that are otherwise served.
+
+:meth:`Opener.decide` makes the decision from everything it depends on, and nothing else does:
+
+1. the route the inode's other open handles hold (*held*; the kernel requires every open handle of
+   one inode to use one route and backing file): held ``served`` stays served; held ``passthrough``
+   stays passthrough, to the disk tier's copy when the source itself would be served;
+2. ``fuse.passthrough`` (``off``/``auto``/``on``) and whether the source is local
+   (:func:`~fastfs.fsio.policy.choose_route`, pure);
+3. the kernel connection: it can pass through (:attr:`Opener.kernel_route`, set by the daemon once
+   the connection is negotiated) and has not refused a backing file (:attr:`Opener.refused_backing`,
+   recorded by the opener itself, see :meth:`Opener.refused`);
+4. the disk tier: a complete, verified copy of the version (:meth:`Opener.disk_backing`);
+5. the entry: the handles of one version share one backing file (its disk copy once one is
+   attached, else its source file).
+
+A backing file the kernel refuses is a second decision made here (:meth:`Opener.refused`): the
+refusal is recorded, so no later open passes through, and the open is decided again, served. So is
+an open whose inode's handles settled the other route meanwhile (:meth:`Opener.reroute`): the same
+handle, decided again for the held route, without reopening the source.
+
+The open walk, from the kernel's OPEN to its reply (:mod:`fastfs.daemon.ops` is the kernel side)::
+
+    KernelOps.open(request, OpenIn)                          daemon/ops.py
+      -> Engine.open -> Opener.open                          revalidate (close-to-open): open + fstat the
+           Opener.acquire                                    source, or fresh scan metadata; a handle on
+             HandleTable.attach                              the version's entry (one locked step)
+           Opener.decide -> Route                            the route, from the inputs above
+           count it, format probe / scan bookkeeping
+      -> NodeTable.acquire(node, route, join=True)           the inode's handles share the first open's
+                                                             route (daemon/nodes.py)
+         [other route held: Engine.reroute -> Opener.reroute (same handle, decided for the held route)]
+         [passthrough, no backing id yet: Session.backing_open -> NodeTable.attach_backing;
+          refused: NodeTable.fall_back + Engine.refused -> Opener.refused (recorded; served)]
+      -> replies.open_reply                                  daemon/kernel/replies.py
+
+Releases (:meth:`Opener.release`) drop the handle; the last handle of a version gives back the
+handles' source reference, closes the disk-tier backing file and tells the engine
+(``on_last_handle``: final byte counts, what the load read for learning).
+
+Concurrency: the opener keeps ``config`` (replaced whole by :meth:`Opener.reconfigure`), and the two
+capability switches ``kernel_route`` (set once at mount) and ``refused_backing`` (set once, by the
+first refusal); all are single attribute loads and stores, read without a lock (an open racing a
+refusal may still pass through: the kernel refuses it too, and it is decided again). An entry's
+``disk_fd`` is set under the entry's lock by :meth:`disk_backing` while the opening handle keeps the
+entry (so never concurrently with its last release, which takes it under the table's lock). No lock
+is held across a source open or the disk tier's checks.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Callable
+from typing import NamedTuple
+
+from fastfs.config.schema import Config
+from fastfs.fsio import stats as m
+from fastfs.fsio.cache import BlockCache
+from fastfs.fsio.disk.tier import DiskTier
+from fastfs.fsio.entry import FileEntry
+from fastfs.fsio.handles import HandleTable
+from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED, StreamPolicy, choose_route
+from fastfs.fsio.probe import FormatProbe
+from fastfs.fsio.scanner import MetaEntry, Scanner
+from fastfs.fsio.source import FileKey, HeadKey, Source, SourceFile, SourceRef
+from fastfs.fsio.trace import DecisionLog
+
+__all__ = ["DISK_PASSTHROUGH_MIN", "OpenResult", "Opener", "Route"]
+
+log = logging.getLogger(__name__)
+
+# Files at least this large open by passthrough to their complete disk-tier file: a smaller one is read in
+# one or two kernel requests, so passthrough saves little next to its lookup and open, while trusting the
+# file first costs an fsync and a read-back of it (served through the engine, it is checked chunk by chunk).
+DISK_PASSTHROUGH_MIN = 1024 * 1024
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+
+
+class Route(NamedTuple):
+    """How one open is read (see the module docstring)."""
+
+    kind: str
+    """``served`` (reads come to the engine) or ``passthrough`` (the kernel reads ``backing_fd``)."""
+    backing_fd: int = -1
+    """For passthrough: the descriptor to register as the backing file (valid until the handle's release)."""
+    on_disk: bool = False
+    """For passthrough: ``backing_fd`` is the disk tier's copy, not the source file."""
+
+
+SERVED = Route(ROUTE_SERVED)
+
+
+class OpenResult(NamedTuple):
+    """What an open returns to the adapter (a tuple: one is built per open)."""
+
+    fh: int
+    """Handle to pass to read_into/release (never 0)."""
+    route: str = ROUTE_SERVED
+    """``served`` (reads come to the engine) or ``passthrough`` (the kernel reads ``backing_fd``)."""
+    backing_fd: int = -1
+    """For passthrough: the open descriptor to register as the backing file (valid until release)."""
+    key: FileKey | tuple = ()
+    """File key of the version opened."""
+    st: os.stat_result | None = None
+    """Attributes of the version opened."""
+    on_disk: bool = False
+    """For passthrough: the backing file is the disk tier's copy of the version."""
+
+
+class Opener:
+    """Opens, releases and the route of each open (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        source: Source,
+        cache: BlockCache,
+        disk: DiskTier | None,
+        handles: HandleTable,
+        scanner: Scanner,
+        probe: FormatProbe,
+        stats: m.Stats,
+        trace: DecisionLog,
+        on_last_handle: Callable[[FileEntry], None],
+    ) -> None:
+        self.config = config  # replaced whole by reconfigure
+        self.source = source
+        self.cache = cache
+        self.disk = disk
+        self.handles = handles
+        self.scanner = scanner
+        self.probe = probe
+        self.stats = stats
+        self.trace = trace
+        self.on_last_handle = on_last_handle  # the last handle of a version was released
+        self.kernel_route = False  # the kernel connection can pass opens through (set by the daemon at INIT)
+        self.refused_backing = False  # the kernel refused a backing file: no open passes through any more
+
+    def reconfigure(self, config: Config) -> None:
+        self.config = config
+
+    @property
+    def can_pass_through(self) -> bool:
+        """The kernel route exists and has not refused a backing file."""
+        return self.kernel_route and not self.refused_backing
+
+    def passes_through(self) -> bool:
+        """True when new opens of this mount's source go to the kernel by passthrough."""
+        fc = self.config.fuse
+        return choose_route(fc.passthrough, self.can_pass_through, self.source.local) == ROUTE_PASSTHROUGH
+
+    # == open ========================================================================================
+    def open(
+        self, path: str, flags: int = os.O_RDONLY, expect: FileKey | None = None, cached: bool = False, held: str = ""
+    ) -> OpenResult:
+        """Open the current version of *path* (close-to-open: the source is revalidated) and decide its
+        route (*held*: the route the inode's other open handles use, "" when none; *cached*: the kernel
+        may hold pages of this version from an earlier open, so no format probe). ESTALE when the source
+        is no longer the version *expect* names."""
+        if flags & WRITE_FLAGS:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        passthrough = (held or self._natural(self.can_pass_through)) == ROUTE_PASSTHROUGH
+        fh, entry = self.acquire(path, expect, need_source=passthrough, kernel_cached=cached)
+        try:
+            route = self.decide(entry, held)
+        except BaseException:
+            self.release(fh)
+            raise
+        return self._opened(fh, entry, route, first=not cached)
+
+    def reroute(self, fh: int, held: str) -> OpenResult:
+        """The second decision of open *fh*: the inode's other handles settled route *held* meanwhile, so
+        the open is decided again for it (same handle and version, no source reopen; it counts on its
+        new route as well)."""
+        entry = self._entry(fh)
+        try:
+            route = self.decide(entry, held)
+        except BaseException:
+            self.release(fh)
+            raise
+        return self._opened(fh, entry, route, first=False)
+
+    def refused(self, fh: int, reason: str) -> OpenResult:
+        """The kernel refused the backing file of open *fh* (*reason*): recorded, so no open of this
+        mount passes through any more (logged once), and *fh* decided again: served."""
+        if not self.refused_backing:
+            self.refused_backing = True
+            log.warning("passthrough unavailable (%s); serving every file", reason)
+        entry = self._entry(fh)
+        return self._opened(fh, entry, SERVED, first=False)
+
+    def _entry(self, fh: int) -> FileEntry:
+        entry = self.handles.get(fh)
+        if entry is None:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return entry
+
+    def _natural(self, kernel_can: bool) -> str:
+        """The route of the source's files, disk tier aside (:func:`~fastfs.fsio.policy.choose_route`)."""
+        return choose_route(self.config.fuse.passthrough, kernel_can, self.source.local)
+
+    def decide(self, entry: FileEntry, held: str = "") -> Route:
+        """The route of an open of *entry* (whose handle the caller holds), from the inputs the module
+        docstring lists: the held route first, then the source's own route, then the disk tier."""
+        if held == ROUTE_SERVED:
+            return SERVED
+        if held == ROUTE_PASSTHROUGH:  # on a source that is served, the inode's opens pass through to disk
+            on_disk = self._natural(True) == ROUTE_SERVED and self.disk_backing(entry)
+            return self._passthrough(entry, on_disk)
+        if self._natural(self.can_pass_through) == ROUTE_PASSTHROUGH:
+            return self._passthrough(entry, False)
+        if self.disk_backing(entry):
+            return self._passthrough(entry, True)
+        return SERVED
+
+    def _passthrough(self, entry: FileEntry, on_disk: bool) -> Route:
+        """A passthrough route of *entry*: to its disk-tier copy when it has one attached (the handles of
+        one version share one backing file), else to its source file (opened now when the open was
+        answered from metadata: the handles hold it from then on)."""
+        fd = entry.disk_fd
+        if on_disk or fd >= 0:
+            return Route(ROUTE_PASSTHROUGH, fd, True)
+        ref = entry.source
+        file = ref.file
+        if file is None:  # our handle holds the version: the file got stays the handles' after put
+            file = ref.get()
+            ref.put(file)
+        return Route(ROUTE_PASSTHROUGH, file.fd, False)
+
+    def disk_backing(self, entry: FileEntry) -> bool:
+        """Whether an open of *entry* (otherwise served) goes by passthrough to its complete file in the
+        disk tier, which is then ``entry.disk_fd``: the kernel route must exist and not be turned off.
+        Every such open asks the store again, which re-checks the data file's identity."""
+        if self.disk is None or not entry.dkey or not self.can_pass_through or entry.size < DISK_PASSTHROUGH_MIN:
+            return False
+        if self.config.fuse.passthrough == "off":
+            return False
+        fd = self.disk.complete_fd(entry.dkey)
+        if fd is None:
+            return False
+        with entry.lock:
+            if entry.disk_fd < 0:
+                entry.disk_fd, fd = fd, -1
+        if fd >= 0:
+            os.close(fd)  # the kernel's backing file of this version is the one opened first
+        return True
+
+    def _opened(self, fh: int, entry: FileEntry, route: Route, first: bool) -> OpenResult:
+        """Count an open decided on *route*; served opens get their format probe (*first*: the kernel
+        holds no pages of the version) and scan bookkeeping."""
+        path = entry.path
+        self.trace("open %s: %d bytes, %s, %s", path, entry.size, route.kind, "first open" if first else "seen before")
+        if route.on_disk:
+            self.stats.add(m.OPENS_DISK)
+            self.stats.add(m.BYTES_DISK_OPENED, entry.size)
+            if self.config.readahead.enabled:
+                self.scanner.on_open(path, entry.size)  # scans and learned sets go on over files read from disk
+        elif route.kind == ROUTE_PASSTHROUGH:
+            self.stats.add(m.OPENS_PASSTHROUGH)
+            self.stats.add(m.BYTES_PASSTHROUGH_OPENED, entry.size)
+        else:
+            self.stats.add(m.OPENS)
+            self.after_open(entry, probe=first)
+        if self.cache.checking:  # debug switch (cache.check_invariants): the handle table after a change
+            self.handles.check_invariants()
+        return OpenResult(fh, route.kind, route.backing_fd, entry.key, entry.st, route.on_disk)
+
+    def after_open(self, entry: FileEntry, probe: bool) -> None:
+        """Format probe (first open of a version: later opens find the kernel's cache) and scan bookkeeping."""
+        if not self.config.readahead.enabled:
+            return
+        if probe:
+            self.probe.maybe_probe(entry)
+        self.scanner.on_open(entry.path, entry.size)
+
+    # == handles =====================================================================================
+    def acquire(
+        self,
+        path: str,
+        expect: FileKey | None = None,
+        need_source: bool = False,
+        kernel_cached: bool = False,
+        implicit_at: float | None = None,
+    ) -> tuple[int, FileEntry]:
+        """Revalidate the source (close-to-open) and return a new handle on the shared entry of its
+        version (with *implicit_at*: the path's implicit handle, see :meth:`HandleTable.attach`).
+
+        Fresh metadata from a scan answers the open without a source round trip when the data is at
+        hand: in RAM, on the disk tier, or in the kernel's page cache (*kernel_cached*: the inode was
+        opened before); *need_source* (a passthrough open) always opens the source."""
+        meta = None if need_source else self.scanner.fresh_meta(path)
+        src: SourceFile | None = None
+        if meta is not None and (
+            kernel_cached or self.cache.peek(meta.key, 0) is not None or self._on_disk(path, meta)
+        ):
+            key, size, st = meta.key, meta.st.st_size, meta.st
+        else:
+            src = self.source.open_file(path)
+            key, size, st = src.key, src.size, src.st
+        if expect is not None and key != expect:
+            if src is not None:
+                src.close()
+            raise OSError(errno.ESTALE, "source file changed since it was looked up", path)
+
+        def make() -> FileEntry:
+            ra = self.config.readahead
+            policy = StreamPolicy(size, ra.initial_window, ra.max_window)
+            dkey = self.disk.key(path, key) if self.disk is not None else ()
+            return FileEntry(path, key, size, st, SourceRef(self.source, path, key), policy, dkey)
+
+        attached = self.handles.attach(path, key, src, make, implicit_at)
+        if attached.src is not None:
+            attached.entry.source.put(attached.src)  # the version's handles hold a file already
+        previous = attached.previous
+        if previous is not None and previous != key:  # the path has a new version: free the old one's blocks
+            self.cache.invalidate_file(previous)
+            self.cache.invalidate_file(HeadKey(previous))
+        for old_fh in attached.stale:
+            self.release(old_fh)
+        return attached.fh, attached.entry
+
+    def _on_disk(self, path: str, meta: MetaEntry) -> bool:
+        """Whether the disk tier holds all of the version a scan's metadata describes (its open is then
+        answered from that metadata, as for a file the scan holds in RAM)."""
+        return self.disk is not None and self.disk.holds(self.disk.key(path, meta.key), 0, meta.st.st_size)
+
+    def release(self, fh: int) -> None:
+        """Drop handle *fh* (nothing when it is not open); the last handle of a version gives back its
+        source reference and disk-tier backing file."""
+        released = self.handles.release(fh)
+        if self.cache.checking:  # debug switch (cache.check_invariants): the handle table after a change
+            self.handles.check_invariants()
+        if released is None:
+            return
+        if released.disk_fd >= 0:
+            os.close(released.disk_fd)
+        if released.last_handle:
+            self.on_last_handle(released.entry)
+        if released.src is not None:
+            released.entry.source.put(released.src)
+
+    def close(self) -> None:
+        """Forget every handle, giving back what the handles held (the engine is closing)."""
+        for entry in self.handles.close():
+            src = entry.source.drop()
+            if src is not None:
+                entry.source.put(src)
+            if entry.disk_fd >= 0:
+                os.close(entry.disk_fd)
+                entry.disk_fd = -1
