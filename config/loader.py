@@ -22,7 +22,16 @@ from typing import Any
 
 import yaml
 
-from fastfs.config.schema import Config, ConfigValueError
+from fastfs.config import schema
+from fastfs.config.profiles import PROFILES
+from fastfs.config.schema import Config
+from fastfs.config.values import (  # noqa: F401 - the loader's public names
+    ConfigError,
+    ConfigValueError,
+    one_line,
+    parse_listen_address,
+    parse_size,
+)
 
 DEFAULT_PATH = "/etc/fastfs/fastfs.yaml"
 
@@ -67,8 +76,6 @@ ALIASES = {
     "dir_mode": "fuse.dir_mode",
 }
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _MODE_RE = re.compile(r"^(?:0o)?([0-7]{1,4})$", re.IGNORECASE)
@@ -76,14 +83,6 @@ _MODE_RE = re.compile(r"^(?:0o)?([0-7]{1,4})$", re.IGNORECASE)
 SUGGEST_CUTOFF = 0.6
 # Where the origin of a value set on the command line is shown as (by --print-config).
 COMMAND_LINE = "command line"
-
-
-class ConfigError(Exception):
-    """A configuration problem, with a one-line message naming the key (also as ``.key`` when known)."""
-
-    def __init__(self, message: str, key: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
@@ -107,25 +106,6 @@ def schema_keys() -> dict[str, str]:
 def option_type(key: str) -> str | None:
     """Type name of an ``-o`` key (alias or dotted), or None when it names no setting."""
     return schema_keys().get(ALIASES.get(key, key))
-
-
-def one_line(text: object) -> str:
-    """Collapse a message to one line (YAML errors span several)."""
-    return " ".join(str(text).split())
-
-
-def parse_size(value: Any, key: str) -> int:
-    """``64M``, ``4GiB``, ``1048576`` or an int -> bytes."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a size such as 512M, got {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    m = _SIZE_RE.match(str(value))
-    if not m:
-        raise ConfigError(f"{key}: expected a size such as 512M or 4G, got {value!r}")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
 def parse_mode(value: Any, key: str) -> int:
@@ -214,8 +194,6 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
 
 
 def _section_class(type_name: Any) -> type | None:
-    from fastfs.config import schema
-
     obj = getattr(schema, str(type_name), None)
     return obj if isinstance(obj, type) and dataclasses.is_dataclass(obj) else None
 
@@ -348,8 +326,6 @@ def _read_file(path: str) -> tuple[dict[str, Any], dict[str, tuple[int, str | No
 
 def _apply_profile(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """*data* over the settings of the profile it names (if any); returns it and the profile name."""
-    from fastfs.config.profiles import PROFILES
-
     name = data.get("profile")
     if name is None or name == "":
         return data, None
@@ -386,8 +362,6 @@ def load_with_origins(
         raise ConfigError(message, key) from None
     origins: dict[str, str] = {}
     if profile is not None:
-        from fastfs.config.profiles import PROFILES
-
         origins.update({k: f"profile {profile}: {why}" for k, why in PROFILES[profile].reasons().items()})
     keys = schema_keys()
     origins.update({k: f"{file}:{line}" for k, (line, _) in positions.items() if k in keys})
@@ -402,19 +376,6 @@ def load_config(
 ) -> Config:
     """Build and validate a Config; raises :class:`ConfigError` with a one-line message."""
     return load_with_origins(path, overrides, use_default_path)[0]
-
-
-def parse_listen_address(text: str, key: str = "stats.metrics") -> tuple[str, int]:
-    """``9100`` / ``:9100`` / ``0.0.0.0:9100`` / ``[::1]:9100`` -> (host, port); loopback by default."""
-    host, _, port_text = str(text).strip().rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ConfigValueError(f"{key}: expected [HOST:]PORT, got {text!r}") from None
-    if not 0 < port < 65536:
-        raise ConfigValueError(f"{key}: port must be between 1 and 65535, got {port}")
-    return host, port
 
 
 def replace(config: Config, **sections: Any) -> Config:

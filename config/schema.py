@@ -13,9 +13,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-KIB = 1024
-MIB = 1024 * KIB
-GIB = 1024 * MIB
+from fastfs.config.profiles import PROFILES
+from fastfs.config.values import (
+    GIB,
+    KIB,
+    MIB,
+    ConfigError,
+    ConfigValueError,
+    human_size,
+    parse_listen_address,
+    parse_size,
+)
 
 # Default cache budget: a quarter of available memory leaves the rest to the training job.
 DEFAULT_BUDGET_FRACTION = 0.25
@@ -37,22 +45,6 @@ Gid = int
 MIN_DISK_BUDGET = 64 * MIB
 # Largest free-space floor share: a floor above this would leave the tier (almost) nothing.
 MAX_DISK_FLOOR_SHARE = 0.9
-
-
-class ConfigValueError(ValueError):
-    """A value out of range; the message names the key (``section.field: why``), also as ``.key``."""
-
-    def __init__(self, message: str, key: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
-
-
-def human_size(n: int) -> str:
-    """16777216 -> '16 MiB' (whole units where exact, else one decimal), for messages."""
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
-        if abs(n) >= size:
-            return f"{n // size} {unit}" if n % size == 0 else f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def _check(cond: bool, key: str, why: str) -> None:
@@ -79,8 +71,6 @@ def parse_amount(value: object, key: str) -> Amount:
         if not 0 <= pct <= 100:  # also rejects nan
             raise ConfigValueError(f"{key}: expected a share between 0% and 100%, got {value!r}")
         return Amount(share=pct / 100)
-    from fastfs.config.loader import ConfigError, parse_size
-
     try:
         return Amount(bytes=parse_size(text, key))
     except ConfigError as e:
@@ -285,8 +275,6 @@ class StatsConfig:
     def validate(self) -> None:
         _check(0.5 <= self.status_interval <= 3600, "stats.status_interval", "must be between 0.5 and 3600")
         if self.metrics:
-            from fastfs.config.loader import parse_listen_address
-
             parse_listen_address(self.metrics, "stats.metrics")
 
 
@@ -327,7 +315,5 @@ class Config:
             if dataclasses.is_dataclass(value):
                 value.validate()
         if self.profile:
-            from fastfs.config.profiles import PROFILES
-
             _check(self.profile in PROFILES, "profile", f"must be one of {', '.join(PROFILES)}")
         _check(self.readahead.max_window <= 1 * GIB, "readahead.max_window", "must be <= 1G")

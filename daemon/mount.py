@@ -13,20 +13,18 @@ Threads of a running daemon:
   a one-line stats summary. The loop also sends periodic ``STATUS=`` lines when run by systemd;
 * the session's workers, watchdog and notifier (see :mod:`.kernel.session`).
 
-``fastfs mount`` validates and forks first; only the daemon process opens the FUSE device.
+``fastfs mount`` (:mod:`fastfs.daemon.cli.mountcmd`) validates and forks first; only the daemon
+process opens the FUSE device. The mount table lives in :mod:`fastfs.daemon.mounttable`.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import errno
 import logging
 import os
 import resource
 import signal
-import stat
-import subprocess
 import threading
 import time
 from typing import Any
@@ -36,163 +34,20 @@ from fastfs.config.reload import apply_live
 from fastfs.config.schema import Config
 from fastfs.daemon import logsetup, notify
 from fastfs.daemon.control import CONTROL_NAME
-from fastfs.daemon.statscli import summary_line
+from fastfs.daemon.mounttable import UNMOUNT_TIMEOUT, force_unmount, run_quiet
+from fastfs.daemon.summary import summary_line
 from fastfs.fsio.api import EngineAPI
 
 log = logging.getLogger("fastfs.mount")
 
-MOUNTINFO = "/proc/self/mountinfo"
 # The kernel's cap on pages per FUSE request (256 = 1 MiB unless an administrator raised it).
 MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
-FSTYPE = "fuse.fastfs"
-# The FUSE device: the daemon (as root) or fusermount3 (with the caller's own rights) opens it read-write.
-FUSE_DEVICE = "/dev/fuse"
 # Upper bound of one main-loop sleep, so queued signals are handled promptly even without a wake-up.
 MAIN_TICK = 1.0
-# Seconds a fusermount3/umount subprocess may take before it is abandoned.
-UNMOUNT_TIMEOUT = 30.0
 
 
 class MountError(Exception):
     """A one-line reason the mount cannot start."""
-
-
-# -- /proc/self/mountinfo -------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class MountEntry:
-    """One line of mountinfo."""
-
-    device: str  # "major:minor"
-    mountpoint: str
-    fstype: str
-    source: str
-
-
-def unescape_field(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal ``\\NNN``."""
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def mounts(mountinfo: str = MOUNTINFO) -> list[MountEntry]:
-    """All mounts visible to this process, in mount order."""
-    entries = []
-    with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            left, sep, right = line.partition(" - ")
-            fields = left.split()
-            tail = right.split()
-            if not sep or len(fields) < 5 or len(tail) < 2:
-                continue
-            entries.append(MountEntry(fields[2], unescape_field(fields[4]), tail[0], unescape_field(tail[1])))
-    return entries
-
-
-def find_mount(path: str) -> MountEntry | None:
-    """The topmost mount whose mount point is *path* (compared after realpath), or None."""
-    target = os.path.realpath(path)
-    found = None
-    for entry in mounts():
-        if entry.mountpoint == target:
-            found = entry
-    return found
-
-
-def is_fastfs(entry: MountEntry | None) -> bool:
-    """True for a fastfs mount, live or dead (the kernel keeps the type of a mount whose daemon died).
-
-    This is the one test of "is this a fastfs mount" the daemon's commands use: other FUSE file
-    systems (sshfs, rclone, a storage emulator) have other types and are never touched.
-    """
-    return entry is not None and entry.fstype == FSTYPE
-
-
-def containing_mount(path: str) -> MountEntry | None:
-    """The mount holding *path*: the topmost mount on the longest mount point that is *path* or one of
-    its parents (after realpath of *path*), or None."""
-    target = os.path.realpath(path)
-    best: MountEntry | None = None
-    for entry in mounts():
-        point = entry.mountpoint
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and (best is None or len(point) >= len(best.mountpoint)):
-            best = entry
-    return best
-
-
-# -- validation -----------------------------------------------------------------------------------
-def _inside(child: str, parent: str) -> bool:
-    return child == parent or child.startswith(parent.rstrip("/") + "/")
-
-
-def _daemon_gone(mnt: str) -> bool:
-    """True when the FUSE mount at *mnt* has no daemon any more (statfs is never cached by the kernel)."""
-    try:
-        os.statvfs(mnt)
-    except OSError as e:
-        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    return False
-
-
-def check_paths(source: str, mountpoint: str) -> tuple[str, str]:
-    """Validate SRC and MNT; returns their real paths or raises :class:`MountError` (one line)."""
-    try:
-        st = os.stat(source)
-    except FileNotFoundError:
-        raise MountError(f"source {source} does not exist") from None
-    except OSError as e:
-        raise MountError(f"source {source}: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise MountError(f"source {source} is not a directory")
-    src = os.path.realpath(source)
-    mnt = os.path.realpath(mountpoint)
-    try:
-        st = os.stat(mountpoint)
-    except FileNotFoundError:
-        raise MountError(f"mountpoint {mountpoint} does not exist") from None
-    except OSError as e:
-        if e.errno == errno.ENOTCONN:
-            raise MountError(f"mountpoint {mountpoint} is a dead mount (run: fastfs umount {mountpoint})") from None
-        raise MountError(f"mountpoint {mountpoint}: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise MountError(f"mountpoint {mountpoint} is not a directory")
-    entry = find_mount(mnt)
-    if entry is not None:
-        if entry.fstype.startswith("fuse") and _daemon_gone(mnt):  # stat may have come from the kernel's cache
-            raise MountError(f"mountpoint {mountpoint} is a dead mount (run: fastfs umount {mountpoint})")
-        raise MountError(f"mountpoint {mountpoint} is already a mount point ({entry.fstype} from {entry.source})")
-    try:
-        if os.listdir(mnt):
-            raise MountError(f"mountpoint {mountpoint} is not empty")
-    except OSError as e:
-        raise MountError(f"mountpoint {mountpoint}: {e.strerror}") from None
-    if _inside(mnt, src):
-        raise MountError(f"mountpoint {mountpoint} is inside source {source}")
-    if _inside(src, mnt):
-        raise MountError(f"source {source} is inside mountpoint {mountpoint}")
-    return src, mnt
-
-
-def check_fuse_device(path: str = FUSE_DEVICE) -> None:
-    """Raise :class:`MountError` when this process cannot open the FUSE device read-write.
-
-    A root daemon opens it directly and ``fusermount3`` opens it with the caller's rights, so the
-    check tells a user without access the cause in one line before anything is forked.
-    """
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError as e:
-        raise MountError(f"cannot open {path}: {e.strerror} (FUSE needs read-write access to it)") from None
-    os.close(fd)
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -210,59 +65,6 @@ def raise_fd_limit() -> tuple[int, int]:
         log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, one_line(e))
         return soft, soft
     return soft, hard
-
-
-# -- unmounting -----------------------------------------------------------------------------------
-def run_quiet(cmd: list[str], timeout: float = UNMOUNT_TIMEOUT) -> tuple[int, str]:
-    """Run a helper; (returncode, one-line stderr). A missing binary or timeout is a failure."""
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError) as e:
-        return 1, one_line(e)
-    return r.returncode, one_line(r.stderr or r.stdout)
-
-
-def unmount(mountpoint: str, lazy: bool = False) -> tuple[int, str]:
-    """Unmount the fastfs mount on *mountpoint*: ``fusermount3 -u`` (``-z`` when *lazy*), then, for a dead
-    mount (its daemon gone) or a lazy request, ``umount -l``. Returns (0, "") or (status, one-line error).
-
-    Refuses (status 1, "... is not a fastfs mount") anything but a fastfs mount, so a foreign FUSE
-    file system is never unmounted by fastfs.
-    """
-    entry = find_mount(mountpoint)
-    if entry is None:
-        return 1, f"{mountpoint} is not mounted"
-    if not is_fastfs(entry):
-        return 1, f"{mountpoint} is not a fastfs mount"
-    target = entry.mountpoint
-    rc, err = run_quiet(["fusermount3", "-u"] + (["-z"] if lazy else []) + [target])
-    if rc == 0:
-        return 0, ""
-    dead = False
-    try:
-        os.stat(target)
-    except OSError as e:
-        dead = e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    if dead or lazy:
-        rc2, err2 = run_quiet(["umount", "-l", target])
-        if rc2 == 0:
-            return 0, ""
-        err = err2 or err
-    return rc or 1, err or "fusermount3 failed"
-
-
-def force_unmount(mountpoint: str | os.PathLike[str], any_fuse: bool = False) -> None:
-    """Best effort, never raises: unmount the mount on *mountpoint* while it is still one to touch:
-    ``fusermount3 -u``, then ``fusermount3 -u -z`` (busy), then ``umount -l`` (a dead daemon, no
-    fusermount3). To touch is a fastfs mount (cleaning up a failed start); with *any_fuse* any FUSE
-    mount (tests and benchmarks: storage emulators, fault injectors). A mount of another kind is never
-    touched. The one implementation: tests/conftest.py, tests/faultfs.py and benchmarks/benchkit use it."""
-    path = os.fspath(mountpoint)
-    for cmd in (["fusermount3", "-u", "-q"], ["fusermount3", "-u", "-z", "-q"], ["umount", "-l"]):
-        entry = find_mount(path)
-        if entry is None or not (entry.fstype.startswith("fuse") if any_fuse else is_fastfs(entry)):
-            return
-        run_quiet([*cmd, entry.mountpoint])
 
 
 # -- readiness reporting --------------------------------------------------------------------------

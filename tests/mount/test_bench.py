@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import fuse_mounts, rand_bytes, run_cli, tree_digest
 
-from fastfs.daemon import bench
+from fastfs.daemon.cli import bench
 
 MIB = 1 << 20
 SMALL_MAX = MIB

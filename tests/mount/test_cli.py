@@ -341,11 +341,11 @@ def test_umount_leaves_other_fuse_file_systems_alone(tmp_path: Path) -> None:
 
 
 def test_force_unmount_is_one_function_for_fastfs_and_for_any_fuse(tmp_path: Path, populated: Path, mnt: Path) -> None:
-    """fastfs.daemon.mount.force_unmount: by default only a fastfs mount (the daemon's cleanup of a
+    """fastfs.daemon.mounttable.force_unmount: by default only a fastfs mount (the daemon's cleanup of a
     failed start), with any_fuse any FUSE mount (what tests and benchmarks clean up with)."""
     from faultfs import faultfs_mounted
 
-    from fastfs.daemon.mount import force_unmount as daemon_force_unmount
+    from fastfs.daemon.mounttable import force_unmount as daemon_force_unmount
 
     backing, other = tmp_path / "backing", tmp_path / "other"
     backing.mkdir()
@@ -671,7 +671,8 @@ def test_mount_without_access_to_the_fuse_device_names_the_cause() -> None:
     from asuser import NOBODY, NOGROUP, run_as, shared_dir
 
     # imported here: the child, as nobody, cannot read the interpreter's files under /root
-    from fastfs.daemon import cli, logsetup, mount, ops  # noqa: F401
+    from fastfs.daemon import logsetup, mount, ops  # noqa: F401
+    from fastfs.daemon.cli import main as cli
     from fastfs.fsio import engine, learn  # noqa: F401
 
     if _nobody_can_open_fuse_device():

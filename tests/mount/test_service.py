@@ -33,8 +33,9 @@ from conftest import FASTFS, rand_bytes, run_cli
 
 from fastfs.config import schema
 from fastfs.config.loader import load_config
-from fastfs.daemon import mounthelper, service
-from fastfs.daemon.mount import force_unmount, is_fastfs, mounts
+from fastfs.daemon import mounttable
+from fastfs.daemon.cli import mounthelper, service
+from fastfs.daemon.mounttable import force_unmount, is_fastfs, mounts
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "fastfs@.service"
@@ -421,7 +422,7 @@ def test_cleanup_detaches_only_dead_mounts(src: Path, mnt: Path, tmp_path: Path)
     (src / "h.bin").write_bytes(b"x" * 4096)
     cfg = tmp_path / "unit.yaml"
     cfg.write_text(yaml.safe_dump({"source": str(src), "mountpoint": str(mnt)}))
-    cleanup = [sys.executable, "-m", "fastfs.daemon.service", "cleanup", str(cfg)]
+    cleanup = [sys.executable, "-m", "fastfs.daemon.cli.service", "cleanup", str(cfg)]
     with _daemon(src, mnt, tmp_path, []) as d:
         _wait_for(lambda: _live(mnt), "mount", proc=d.proc, log=d.log)
         # A live mount is left alone.
@@ -434,7 +435,7 @@ def test_cleanup_detaches_only_dead_mounts(src: Path, mnt: Path, tmp_path: Path)
         assert _fuse_mounted(mnt) == 1
         with pytest.raises(OSError) as exc:
             os.statvfs(mnt)
-        assert exc.value.errno in service.DEAD_ERRNOS
+        assert exc.value.errno in mounttable.DEAD_ERRNOS
         # ... until the unit's ExecStopPost removes it.
         done = subprocess.run(cleanup, capture_output=True, text=True, timeout=CMD_TIMEOUT)
         assert done.returncode == 0, done.stderr

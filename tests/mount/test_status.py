@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import SERVED, force_unmount, is_mounted, mounted, rand_bytes, run_cli
 
-from fastfs.daemon import status
-from fastfs.daemon.mount import MountEntry
+from fastfs.daemon.cli import status
+from fastfs.daemon.mounttable import MountEntry
 
 STATUS_KEYS = {
     "mountpoint",

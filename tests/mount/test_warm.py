@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import SERVED, mounted, run_cli
 
-from fastfs.daemon import warm
+from fastfs.daemon.cli import warm
 
 KIB = 1024
 MIB = 1024 * KIB

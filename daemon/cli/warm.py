@@ -61,7 +61,8 @@ from fastfs.daemon.control import (
     XATTR_WARM,
     warm_job_xattr,
 )
-from fastfs.daemon.statscli import human_bytes as human  # one unit system: MiB/GiB, as fastfs stats
+from fastfs.daemon.mounttable import containing_mount, is_fastfs
+from fastfs.daemon.summary import human_bytes as human  # one unit system: MiB/GiB, as fastfs stats
 
 # Warm jobs run at once by default (the daemon allows 8 per user).
 DEFAULT_JOBS = 4
@@ -121,8 +122,6 @@ def read_list(name: str, stdin: TextIO | None = None) -> list[str]:
 
 def find_mount_root(path: str) -> str | None:
     """The mount point of the fastfs mount holding *path*, or None when it lies on anything else."""
-    from fastfs.daemon.mount import containing_mount, is_fastfs
-
     entry = containing_mount(path)
     return entry.mountpoint if is_fastfs(entry) else None
 

@@ -25,8 +25,8 @@ import time
 from typing import Any
 
 from fastfs.daemon.control import XATTR_STATS
-from fastfs.daemon.mount import FSTYPE, MountEntry, mounts
-from fastfs.daemon.statscli import _duration, _pct, human_bytes
+from fastfs.daemon.mounttable import FSTYPE, MountEntry, mounts
+from fastfs.daemon.summary import duration, human_bytes, pct
 
 # Seconds a mount may take to answer its stats request before it is reported unresponsive.
 PROBE_TIMEOUT = 5.0
@@ -159,9 +159,9 @@ def format_table(statuses: list[MountStatus]) -> str:
                 s.source,
                 s.state,
                 str(s.pid) if s.pid is not None else "-",
-                _duration(s.uptime_seconds) if ok and s.uptime_seconds is not None else "-",
+                duration(s.uptime_seconds) if ok and s.uptime_seconds is not None else "-",
                 f"{human_bytes(s.cache_bytes or 0)} / {human_bytes(s.cache_budget or 0)}" if ok else "-",
-                _pct(s.hit_ratio) if ok else "-",
+                pct(s.hit_ratio) if ok else "-",
             )
         )
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]

@@ -1,6 +1,6 @@
 """``fastfs completion bash``: a bash completion script generated from the argument parser.
 
-The script is derived from :func:`fastfs.daemon.cli.build_parser` when asked for, so it always
+The script is derived from :func:`fastfs.daemon.cli.parser.build_parser` when asked for, so it always
 matches the commands and options of this version: subcommands, their options, the choices of
 options that have them (``--profile``, ``--log-level``), file names after ``--config`` and
 similar, setting names after ``-o`` (aliases and dotted keys, each completed with ``=``), and

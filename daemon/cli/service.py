@@ -9,7 +9,7 @@ a minimal PATH, on which a virtualenv's or pyenv's fastfs is not found (or anoth
 ``mount.fuse.fastfs`` console script is linked into ``/sbin``, the only place mount(8) looks for
 helpers, so ``mount -t fuse.fastfs`` and fstab lines work.
 
-``python -m fastfs.daemon.service cleanup CONFIG`` is the unit's ``ExecStopPost=``. A FUSE mount
+``python -m fastfs.daemon.cli.service cleanup CONFIG`` is the unit's ``ExecStopPost=``. A FUSE mount
 outlives its daemon when the daemon dies without unmounting (crash, SIGKILL after the stop
 timeout, a start killed before READY=1): the kernel keeps a dead mount that fails every access with
 ENOTCONN and blocks the next mount on the same directory. The cleanup reads the mountpoint from the
@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import ctypes
 import ctypes.util
-import errno
 import os
 import re
 import shutil
@@ -33,6 +32,9 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from fastfs.config.loader import ConfigError, read_yaml
+from fastfs.daemon.mounttable import daemon_gone, find_mount, is_fastfs
 
 UNIT_NAME = "fastfs@.service"
 EXAMPLE_NAME = "fastfs.example.yaml"
@@ -46,7 +48,7 @@ HELPER_NAME = "mount.fuse.fastfs"
 UNIT_PACKAGE = "fastfs.systemd"
 CONFIG_PACKAGE = "fastfs.config"
 # Repository checkout layout, used when the package data is not installed (editable installs).
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO_UNIT = _REPO_ROOT / "systemd" / UNIT_NAME
 REPO_EXAMPLE = _REPO_ROOT / "config" / EXAMPLE_NAME
 # Portable command prefixes in the shipped unit, replaced by absolute paths on install.
@@ -60,8 +62,6 @@ MNT_DETACH = 2
 MAX_STACKED_MOUNTS = 16
 # Seconds to wait for fusermount3 when the process may not call umount2 itself.
 FUSERMOUNT_TIMEOUT = 30
-# errnos of a FUSE mount whose daemon is gone.
-DEAD_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
 
 
 class InstallError(Exception):
@@ -210,19 +210,6 @@ def install(args: Any) -> int:
 
 
 # -- ExecStopPost cleanup ---------------------------------------------------------------------
-def _is_dead(path: str) -> bool:
-    """True when the FUSE mount on *path* has lost its daemon.
-
-    statfs always reaches the daemon, unlike stat, which the kernel may answer from its attribute
-    cache (attr_timeout) long after the daemon died.
-    """
-    try:
-        os.statvfs(path)
-    except OSError as e:
-        return e.errno in DEAD_ERRNOS
-    return False
-
-
 def _detach(path: str) -> bool:
     libc_name = ctypes.util.find_library("c") or "libc.so.6"
     libc = ctypes.CDLL(libc_name, use_errno=True)
@@ -247,12 +234,10 @@ def canonical_mountpoint(path: str) -> str:
 def cleanup_mountpoint(mountpoint: str) -> int:
     """Detach dead fastfs mounts on *mountpoint* (while the topmost mount there is one); returns how
     many were detached."""
-    from fastfs.daemon.mount import find_mount, is_fastfs
-
     path = canonical_mountpoint(mountpoint)
     detached = 0
     for _ in range(MAX_STACKED_MOUNTS):
-        if not is_fastfs(find_mount(path)) or not _is_dead(path) or not _detach(path):
+        if not is_fastfs(find_mount(path)) or not daemon_gone(path) or not _detach(path):
             break
         detached += 1
     return detached
@@ -260,8 +245,6 @@ def cleanup_mountpoint(mountpoint: str) -> int:
 
 def cleanup(config_path: str) -> int:
     """ExecStopPost: detach a dead mount left on the config's mountpoint. Always returns 0."""
-    from fastfs.config.loader import ConfigError, read_yaml
-
     try:
         mountpoint = read_yaml(config_path).get("mountpoint")
     except ConfigError as e:
@@ -280,7 +263,7 @@ def cleanup(config_path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastfs.daemon.service", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fastfs.daemon.cli.service", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("cleanup", help="detach a dead fastfs mount left on CONFIG's mountpoint (ExecStopPost)")
     p.add_argument("config")

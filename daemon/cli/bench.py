@@ -37,7 +37,11 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fastfs.daemon.statscli import human_bytes
+from fastfs.config.loader import load_config, parse_overrides
+from fastfs.config.schema import ReadaheadConfig
+from fastfs.daemon.cli.stats import StatsError, read_snapshot
+from fastfs.daemon.mounttable import find_mount, force_unmount
+from fastfs.daemon.summary import human_bytes, summary_line
 
 # Bytes per read of the large-file pass: what numpy / torch loaders ask for at a time.
 READ_SIZE = 1024 * 1024
@@ -256,8 +260,6 @@ class TempMount:
         self.mounted = True
 
     def stats_line(self) -> str:
-        from fastfs.daemon.statscli import StatsError, read_snapshot, summary_line
-
         try:
             return summary_line(read_snapshot(self.mnt))
         except StatsError as e:
@@ -266,8 +268,6 @@ class TempMount:
     def close(self) -> None:
         if not self.mounted:
             return
-        from fastfs.daemon.mount import find_mount, force_unmount
-
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(
                 [sys.executable, "-m", "fastfs", "umount", self.mnt],
@@ -333,8 +333,6 @@ def run(
     except OSError as e:
         raise BenchError(f"{path}: {e.strerror}") from None
     if small_max is None:
-        from fastfs.config.schema import ReadaheadConfig
-
         small_max = ReadaheadConfig().small_file_max
     real = os.path.realpath(path)
     if stat.S_ISDIR(st.st_mode):
@@ -472,8 +470,6 @@ def main(args: Any) -> int:
 
 def _small_max(args: Any) -> int:
     """readahead.small_file_max of the config the mount will use (the split between the workloads)."""
-    from fastfs.config.loader import load_config, parse_overrides
-
     overrides: dict[str, Any] = parse_overrides(args.options)
     if args.profile:
         overrides["profile"] = args.profile

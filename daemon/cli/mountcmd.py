@@ -1,0 +1,284 @@
+"""``fastfs mount`` and ``fastfs umount``: validate, start the daemon, report; recover a mount.
+
+``fastfs mount`` validates the paths, the FUSE device and the whole configuration before anything
+is mounted (each problem is one line naming it and what to do). With ``--foreground`` it runs the
+:class:`~fastfs.daemon.mount.Daemon` in this process; otherwise it forks the daemon, which reports
+readiness or a one-line error through a pipe, so the command returns only once the mount is live.
+``--print-config`` shows the effective configuration with where each value came from and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import os
+import select
+import signal
+import stat
+import sys
+import time
+from typing import Any
+
+from fastfs.config.loader import (
+    COMMAND_LINE,
+    DEFAULT_PATH,
+    ConfigError,
+    load_config,
+    load_with_origins,
+    one_line,
+    parse_overrides,
+)
+from fastfs.config.render import render
+from fastfs.daemon import logsetup, mount
+from fastfs.daemon.cli import CliError
+from fastfs.daemon.mounttable import daemon_gone, find_mount, force_unmount, is_fastfs, unmount
+
+# Seconds `fastfs mount` waits for the daemon to report the mount live before giving up.
+STARTUP_TIMEOUT = 60.0
+# Seconds to wait for a killed or failed daemon child to exit.
+CHILD_EXIT_TIMEOUT = 10.0
+# Exit status of the daemon child when it fails before reporting.
+EXIT_ERROR = 1
+# The FUSE device: the daemon (as root) or fusermount3 (with the caller's own rights) opens it read-write.
+FUSE_DEVICE = "/dev/fuse"
+
+
+# -- validation -----------------------------------------------------------------------------------
+def _inside(child: str, parent: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip("/") + "/")
+
+
+def check_paths(source: str, mountpoint: str) -> tuple[str, str]:
+    """Validate SRC and MNT; returns their real paths or raises :class:`CliError` (one line)."""
+    try:
+        st = os.stat(source)
+    except FileNotFoundError:
+        raise CliError(f"source {source} does not exist") from None
+    except OSError as e:
+        raise CliError(f"source {source}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise CliError(f"source {source} is not a directory")
+    src = os.path.realpath(source)
+    mnt = os.path.realpath(mountpoint)
+    try:
+        st = os.stat(mountpoint)
+    except FileNotFoundError:
+        raise CliError(f"mountpoint {mountpoint} does not exist") from None
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise CliError(f"mountpoint {mountpoint} is a dead mount (run: fastfs umount {mountpoint})") from None
+        raise CliError(f"mountpoint {mountpoint}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise CliError(f"mountpoint {mountpoint} is not a directory")
+    entry = find_mount(mnt)
+    if entry is not None:
+        if entry.fstype.startswith("fuse") and daemon_gone(mnt):  # stat may have come from the kernel's cache
+            raise CliError(f"mountpoint {mountpoint} is a dead mount (run: fastfs umount {mountpoint})")
+        raise CliError(f"mountpoint {mountpoint} is already a mount point ({entry.fstype} from {entry.source})")
+    try:
+        if os.listdir(mnt):
+            raise CliError(f"mountpoint {mountpoint} is not empty")
+    except OSError as e:
+        raise CliError(f"mountpoint {mountpoint}: {e.strerror}") from None
+    if _inside(mnt, src):
+        raise CliError(f"mountpoint {mountpoint} is inside source {source}")
+    if _inside(src, mnt):
+        raise CliError(f"source {source} is inside mountpoint {mountpoint}")
+    return src, mnt
+
+
+def check_fuse_device(path: str = FUSE_DEVICE) -> None:
+    """Raise :class:`CliError` when this process cannot open the FUSE device read-write.
+
+    A root daemon opens it directly and ``fusermount3`` opens it with the caller's rights, so the
+    check tells a user without access the cause in one line before anything is forked.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:
+        raise CliError(f"cannot open {path}: {e.strerror} (FUSE needs read-write access to it)") from None
+    os.close(fd)
+
+
+# -- mount ----------------------------------------------------------------------------------------
+def _mount_config(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]]:
+    overrides: dict[str, Any] = parse_overrides(args.options)
+    if args.log_level:
+        overrides["log.level"] = args.log_level
+    if args.log_file:
+        overrides["log.file"] = os.path.abspath(args.log_file)
+    if getattr(args, "profile", None):
+        overrides["profile"] = args.profile
+    config_path = os.path.abspath(args.config) if args.config else None
+    config = load_config(config_path, overrides)
+    if config.log.file and not os.path.isabs(config.log.file):
+        config = dataclasses.replace(config, log=dataclasses.replace(config.log, file=os.path.abspath(config.log.file)))
+    return config, config_path, overrides
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    """``fastfs mount``: the exit status (a CliError or ConfigError for user errors)."""
+    if getattr(args, "print_config", False):
+        return _print_config(args)
+    config, config_path, overrides = _mount_config(args)
+    source, mountpoint = args.source, args.mountpoint
+    if source and not mountpoint:  # one argument: the mount point, the source comes from the config
+        source, mountpoint = None, source
+    source = source or config.source
+    mountpoint = mountpoint or config.mountpoint
+    if not source or not mountpoint:
+        raise CliError("mount needs SRC and MNT (as arguments or as source/mountpoint in the config)")
+    src, mnt = check_paths(source, mountpoint)
+    check_fuse_device()
+    config = dataclasses.replace(config, source=src, mountpoint=mnt)
+    kwargs = {"config_path": config_path, "overrides": overrides, "use_default_path": True}
+    if args.foreground:
+        try:
+            logsetup.setup(config.log.level, config.log.file or None)
+        except logsetup.LogFileError as e:
+            raise CliError(str(e)) from None
+        try:
+            return mount.Daemon(src, mnt, config, **kwargs).run()
+        except mount.MountError as e:
+            raise CliError(str(e)) from None
+    return _daemonize(src, mnt, config, kwargs)
+
+
+def _daemonize(src: str, mnt: str, config: Any, kwargs: dict[str, Any]) -> int:
+    log_file = config.log.file or logsetup.default_log_file(mnt, config.state.dir)
+    try:
+        log_fd = logsetup.open_log_file(log_file, default=not config.log.file)
+    except logsetup.LogFileError as e:
+        raise CliError(str(e)) from None
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the daemon
+        status = EXIT_ERROR
+        readiness = mount.Readiness(write_fd)
+        try:
+            os.close(read_fd)
+            os.setsid()
+            os.chdir("/")
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.close(devnull)
+            os.close(log_fd)
+            logsetup.setup(config.log.level, None, journal=False)
+            status = mount.Daemon(src, mnt, config, readiness=readiness, **kwargs).run()
+        except BaseException as e:  # noqa: BLE001 - the parent shows this one line
+            message = str(e) if isinstance(e, (mount.MountError, ConfigError)) else f"{type(e).__name__}: {e}"
+            readiness.error(message)
+            try:
+                sys.stderr.write(f"fastfs: error: {one_line(message)}\n")
+                sys.stderr.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    os.close(log_fd)
+    try:
+        reply = _await_child(read_fd, STARTUP_TIMEOUT)
+    finally:
+        os.close(read_fd)
+    if reply == "ok":
+        print(f"fastfs: mounted {src} on {mnt} (pid {pid}, log {log_file})", flush=True)
+        return 0
+    if reply is None:
+        _kill_child(pid)
+        force_unmount(mnt)
+        raise CliError(f"mount did not become ready within {STARTUP_TIMEOUT:.0f}s (log: {log_file})")
+    _reap_child(pid)
+    force_unmount(mnt)
+    if reply.startswith("error "):
+        raise CliError(f"{reply[len('error ') :]} (log: {log_file})")
+    raise CliError(f"the daemon exited during startup (log: {log_file})")
+
+
+def _await_child(fd: int, timeout: float) -> str | None:
+    """The child's one-line report; '' when it exited without one; None on timeout."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def _reap_child(pid: int) -> None:
+    deadline = time.monotonic() + CHILD_EXIT_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.05)
+    _kill_child(pid)
+
+
+def _kill_child(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _print_config(args: argparse.Namespace) -> int:
+    """``fastfs mount [SRC] [MNT] [--config F] [--profile P] [-o ...] --print-config``."""
+    _, config_path, overrides = _mount_config(args)  # validates exactly as a mount would
+    config, origins = load_with_origins(config_path, overrides, use_default_path=True)
+    source, mountpoint = args.source, args.mountpoint
+    if source and not mountpoint:
+        source, mountpoint = None, source
+    paths = {k: os.path.abspath(v) for k, v in (("source", source), ("mountpoint", mountpoint)) if v}
+    if paths:
+        config = dataclasses.replace(config, **paths)
+        origins.update(dict.fromkeys(paths, COMMAND_LINE))
+    layers = ["defaults"]
+    if config.profile:
+        layers.append(f"profile {config.profile}")
+    file = config_path or load_default_path()
+    if file:
+        layers.append(file)
+    if overrides or paths:
+        layers.append(COMMAND_LINE)
+    header = "fastfs effective configuration (" + " < ".join(layers) + ")"
+    sys.stdout.write(render(config, origins, header))
+    return 0
+
+
+def load_default_path() -> str | None:
+    """The default config file when it exists (what `fastfs mount` reads without --config)."""
+    return DEFAULT_PATH if os.path.isfile(DEFAULT_PATH) else None
+
+
+# -- umount ---------------------------------------------------------------------------------------
+def cmd_umount(args: argparse.Namespace) -> int:
+    """``fastfs umount [--lazy] MNT``."""
+    mnt = os.path.abspath(args.mountpoint)
+    entry = find_mount(mnt)
+    if entry is None:
+        raise CliError(f"{args.mountpoint} is not mounted")
+    if not is_fastfs(entry):
+        raise CliError(f"{args.mountpoint} is not a fastfs mount ({entry.fstype})")
+    rc, err = unmount(mnt, lazy=args.lazy)
+    if rc == 0:
+        return 0
+    hint = " (files still open? use --lazy)" if "busy" in err.lower() else ""
+    raise CliError(f"cannot unmount {args.mountpoint}: {err}{hint}")
