@@ -74,7 +74,27 @@ ALIASES = {
     "umask": "fuse.umask",
     "file_mode": "fuse.file_mode",
     "dir_mode": "fuse.dir_mode",
+    # the standard FUSE / mount(8) options, with their usual meaning
+    "fsname": "fuse.fsname",
+    "subtype": "fuse.subtype",
+    "default_permissions": "fuse.default_permissions",
+    "allow_root": "fuse.allow_root",
+    "noatime": "fuse.noatime",
+    "nonempty": "fuse.nonempty",
 }
+# Standard mount options that fastfs always honours (a read-only mount without devices or setuid
+# files): accepted by -o, FASTFS_OPTIONS and the mount helper, and change nothing.
+NO_OP_OPTIONS = {
+    "ro": "fastfs mounts are always read-only",
+    "nosuid": "fastfs mounts are always nosuid",
+    "nodev": "fastfs mounts are always nodev",
+}
+# Standard mount options fastfs cannot honour: (option, the one-line reason and what to do).
+REFUSED_OPTIONS = {
+    "rw": "fastfs mounts are read-only (drop rw; ro is implied)",
+}
+# Environment variable holding options as -o takes them, under the command line's -o.
+ENV_OPTIONS = "FASTFS_OPTIONS"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -198,12 +218,14 @@ def _section_class(type_name: Any) -> type | None:
     return obj if isinstance(obj, type) and dataclasses.is_dataclass(obj) else None
 
 
-def parse_overrides(items: list[str] | str | None) -> dict[str, str]:
+def parse_overrides(items: list[str] | str | None, where: str = "-o") -> dict[str, str]:
     """``["budget=2G,workers=8", "log.level=debug"]`` -> ``{"cache.budget": "2G", ...}``.
 
-    ``NAME`` alone means ``NAME=true`` and ``noNAME`` ``NAME=false``, for boolean settings only. An
-    option that names no setting (the closest is suggested) or a non-boolean one without a value is
-    a :class:`ConfigError`; values are checked by :func:`load_config`.
+    ``NAME`` alone means ``NAME=true`` and ``noNAME`` ``NAME=false``, for boolean settings only. The
+    standard mount options are accepted with their usual meaning (:data:`NO_OP_OPTIONS` change
+    nothing, :data:`REFUSED_OPTIONS` are errors). An option that names no setting (the closest is
+    suggested) or a non-boolean one without a value is a :class:`ConfigError` starting with *where*
+    (``-o`` or ``FASTFS_OPTIONS``); values are checked by :func:`load_config`.
     """
     if not items:
         return {}
@@ -218,18 +240,29 @@ def parse_overrides(items: list[str] | str | None) -> dict[str, str]:
                 continue
             key, sep, value = part.partition("=")
             key = key.strip()
+            if key in REFUSED_OPTIONS:
+                raise ConfigError(f"{where} {key}: {REFUSED_OPTIONS[key]}", key)
+            if key in NO_OP_OPTIONS and not sep:
+                continue
             if not sep and key.startswith("no") and key != "no_open" and option_type(key[2:]) == "bool":
                 key, value, sep = key[2:], "false", "="
             dotted = ALIASES.get(key, key)
             type_name = keys.get(dotted)
             if type_name is None:
-                raise ConfigError(f"-o {part}: unknown option{did_you_mean(key, [*ALIASES, *keys])}", dotted)
+                hint = did_you_mean(key, [*ALIASES, *keys, *NO_OP_OPTIONS])
+                raise ConfigError(f"{where} {part}: unknown option{hint}", dotted)
             if not sep:
                 if type_name != "bool":
-                    raise ConfigError(f"-o {key}: missing a value (write {key}=VALUE)", dotted)
+                    raise ConfigError(f"{where} {key}: missing a value (write {key}=VALUE)", dotted)
                 value = "true"
             result[dotted] = value.strip()
     return result
+
+
+def environment_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The options of ``$FASTFS_OPTIONS`` (the syntax of ``-o``), as :func:`parse_overrides` returns them."""
+    text = (os.environ if environ is None else environ).get(ENV_OPTIONS, "")
+    return parse_overrides(text, ENV_OPTIONS) if text.strip() else {}
 
 
 def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -275,12 +308,25 @@ def _parse_yaml(text: str, path: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(one_line(f"config file {path}: invalid YAML: {e}")) from None
+        raise ConfigError(yaml_error_line(path, e)) from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"config file {path}: top level must be a mapping of sections")
     return dict(data)
+
+
+def yaml_error_line(path: str, error: yaml.YAMLError) -> str:
+    """One line ``FILE:LINE: invalid YAML: problem (context from line N): ...`` for a parser error."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None)
+    if mark is None or not problem:
+        return one_line(f"config file {path}: invalid YAML: {error}; correct its syntax")
+    context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
+    where = ""
+    if context:
+        where = f" ({context}" + (f" from line {context_mark.line + 1}" if context_mark is not None else "") + ")"
+    return one_line(f"{path}:{mark.line + 1}: invalid YAML: {problem}{where}; correct the syntax at that line")
 
 
 def read_yaml(path: str) -> dict[str, Any]:
@@ -340,9 +386,11 @@ def load_with_origins(
     path: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     use_default_path: bool = True,
+    override_origins: Mapping[str, str] | None = None,
 ) -> tuple[Config, dict[str, str]]:
     """:func:`load_config` plus where each value not left at its default came from:
-    ``{dotted key: "profile NAME: why" | "FILE:LINE" | "command line"}``."""
+    ``{dotted key: "profile NAME: why" | "FILE:LINE" | "command line"}`` (an override's origin is
+    ``override_origins[key]`` when given, e.g. ``FASTFS_OPTIONS``)."""
     data: dict[str, Any] = {}
     positions: dict[str, tuple[int, str | None]] = {}
     file = path or (DEFAULT_PATH if use_default_path and os.path.isfile(DEFAULT_PATH) else None)
@@ -365,7 +413,7 @@ def load_with_origins(
         origins.update({k: f"profile {profile}: {why}" for k, why in PROFILES[profile].reasons().items()})
     keys = schema_keys()
     origins.update({k: f"{file}:{line}" for k, (line, _) in positions.items() if k in keys})
-    origins.update({k: COMMAND_LINE for k in overridden})
+    origins.update({k: (override_origins or {}).get(k, COMMAND_LINE) for k in overridden})
     return config, origins
 
 

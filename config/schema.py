@@ -11,6 +11,7 @@ numeric ids or user / group names, resolved at load.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from fastfs.config.profiles import PROFILES
@@ -77,6 +78,10 @@ def parse_amount(value: object, key: str) -> Amount:
         raise ConfigValueError(f"{key}: expected a size such as 100G or a share such as 50%, got {value!r}") from e
 
 
+# fuse.fsname: what the kernel keeps in the mount table's source field (no separators of mount options).
+FSNAME_RE = re.compile(r"[^\s,\\]+")
+# fuse.subtype: the part of the type "fuse.SUBTYPE" after the dot.
+SUBTYPE_RE = re.compile(r"[A-Za-z0-9_.-]+")
 # Values of fuse.passthrough (see its docstring).
 PASSTHROUGH_MODES = ("auto", "on", "off")
 
@@ -126,8 +131,33 @@ class FuseConfig:
     readdirplus: bool = True
     """Answer directory listings with attributes when the kernel asks for them (saves a lookup per
     entry of a tree walk)."""
+    fsname: str = ""
+    """Source field of the mount table (/proc/mounts, df); empty: fastfs:SRC."""
+    subtype: str = "fastfs"
+    """The mount's type is fuse.SUBTYPE; fastfs's commands know a mount of another subtype by the
+    record the daemon keeps in its runtime directory."""
+    default_permissions: bool = False
+    """The kernel checks the shown mode bits against every caller, also the mounting user (always on
+    with allow_other)."""
+    allow_root: bool = False
+    """Let root in besides the mounting user. A mount made by root already is: accepted there and
+    changes nothing; other users need allow_other (which includes root)."""
+    noatime: bool = False
+    """Mount with noatime (shown in /proc/mounts); fastfs never updates access times either way."""
+    nonempty: bool = False
+    """Allow mounting over a non-empty directory (its files are hidden while mounted)."""
 
     def validate(self) -> None:
+        _check(
+            bool(FSNAME_RE.fullmatch(self.fsname)) or not self.fsname,
+            "fuse.fsname",
+            "must be printable, without spaces or commas",
+        )
+        _check(
+            bool(SUBTYPE_RE.fullmatch(self.subtype)),
+            "fuse.subtype",
+            "must be letters, digits, '.', '_' or '-' (the mount's type is fuse.SUBTYPE)",
+        )
         for name in ("uid", "gid"):
             _check(-1 <= getattr(self, name) <= MAX_ID, f"fuse.{name}", f"must be -1 (as the source) or 0..{MAX_ID}")
         for name in ("file_mode", "dir_mode"):

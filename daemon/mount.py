@@ -34,7 +34,7 @@ from fastfs.config.reload import apply_live
 from fastfs.config.schema import Config
 from fastfs.daemon import logsetup, notify
 from fastfs.daemon.control import CONTROL_NAME
-from fastfs.daemon.mounttable import UNMOUNT_TIMEOUT, force_unmount, run_quiet
+from fastfs.daemon.mounttable import UNMOUNT_TIMEOUT, MountRecord, force_unmount, forget_mount, record_mount, run_quiet
 from fastfs.daemon.summary import summary_line
 from fastfs.fsio.api import EngineAPI
 
@@ -133,14 +133,21 @@ class Daemon:
         self._stop_requested = False
         self._unmount_started = False
         self.session: Any = None
+        self.device = ""  # "major:minor" of the mount once live (names its record and connection)
 
     # -- setup ----------------------------------------------------------------------------------
     def mount_options(self) -> Any:
-        """What the kernel mount is told (fsname shows in the mount table as ``fastfs:SRC``)."""
+        """What the kernel mount is told (fsname shows in the mount table, ``fastfs:SRC`` by default)."""
         from fastfs.daemon.kernel.fusemount import MountOptions
 
         fc = self.config.fuse
-        return MountOptions(fsname=f"fastfs:{self.source}", subtype="fastfs", allow_other=fc.allow_other)
+        return MountOptions(
+            fsname=fc.fsname or f"fastfs:{self.source}",
+            subtype=fc.subtype,
+            allow_other=fc.allow_other,
+            default_permissions=fc.default_permissions,
+            noatime=fc.noatime,
+        )
 
     def wishes(self) -> Any:
         from fastfs.daemon.kernel.negotiate import Wishes
@@ -272,7 +279,10 @@ class Daemon:
     def _mark_live(self) -> None:
         try:
             st_dev = os.stat(self.mountpoint).st_dev
-            self._tune_read_ahead(f"{os.major(st_dev)}:{os.minor(st_dev)}")
+            self.device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+            self._tune_read_ahead(self.device)
+            fstype = self.mount_options().fstype
+            record_mount(MountRecord(self.device, self.mountpoint, fstype, os.getpid(), self.source))
         except OSError as e:
             log.warning("could not stat %s after mounting: %s", self.mountpoint, e.strerror)
         self._live = True
@@ -413,6 +423,8 @@ class Daemon:
                     notify.notify("STATUS=" + self.summary())
 
     def _shutdown(self) -> None:
+        if self.device:
+            forget_mount(self.device)
         if self.session is not None:
             self.session.close()
         if self.metrics_server is not None:

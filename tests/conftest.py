@@ -41,6 +41,11 @@ SERVED = "fuse.passthrough=off"
 
 
 _STATE_DIR: list[str] = []
+# Mount records of the daemons tests start go to a temporary directory, never to /run/fastfs; every
+# command the tests run inherits it.
+_RUNTIME_DIR = tempfile.mkdtemp(prefix="fastfs-test-run-")
+atexit.register(shutil.rmtree, _RUNTIME_DIR, True)
+os.environ.setdefault(mounttable.RUNTIME_ENV, _RUNTIME_DIR)
 
 
 def _session_state_dir() -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import grp
 import os
 import select
 import signal
@@ -23,7 +24,9 @@ from typing import Any
 from fastfs.config.loader import (
     COMMAND_LINE,
     DEFAULT_PATH,
+    ENV_OPTIONS,
     ConfigError,
+    environment_overrides,
     load_config,
     load_with_origins,
     one_line,
@@ -42,6 +45,10 @@ CHILD_EXIT_TIMEOUT = 10.0
 EXIT_ERROR = 1
 # The FUSE device: the daemon (as root) or fusermount3 (with the caller's own rights) opens it read-write.
 FUSE_DEVICE = "/dev/fuse"
+# fusermount3's configuration: user_allow_other there lets users other than root mount with allow_other.
+FUSE_CONF = "/etc/fuse.conf"
+# Where --print-config says an option of $FASTFS_OPTIONS came from.
+ENV_ORIGIN = f"environment {ENV_OPTIONS}"
 
 
 # -- validation -----------------------------------------------------------------------------------
@@ -49,8 +56,9 @@ def _inside(child: str, parent: str) -> bool:
     return child == parent or child.startswith(parent.rstrip("/") + "/")
 
 
-def check_paths(source: str, mountpoint: str) -> tuple[str, str]:
-    """Validate SRC and MNT; returns their real paths or raises :class:`CliError` (one line)."""
+def check_paths(source: str, mountpoint: str, nonempty: bool = False) -> tuple[str, str]:
+    """Validate SRC and MNT; returns their real paths or raises :class:`CliError`: one line naming the
+    problem and what to do. *nonempty* (``-o nonempty``) allows a mount point that holds files."""
     try:
         st = os.stat(source)
     except FileNotFoundError:
@@ -64,27 +72,43 @@ def check_paths(source: str, mountpoint: str) -> tuple[str, str]:
     try:
         st = os.stat(mountpoint)
     except FileNotFoundError:
-        raise CliError(f"mountpoint {mountpoint} does not exist") from None
+        raise CliError(f"mountpoint {mountpoint} does not exist (create it: mkdir {mountpoint})") from None
     except OSError as e:
         if e.errno == errno.ENOTCONN:
             raise CliError(f"mountpoint {mountpoint} is a dead mount (run: fastfs umount {mountpoint})") from None
         raise CliError(f"mountpoint {mountpoint}: {e.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise CliError(f"mountpoint {mountpoint} is not a directory")
+    if mnt == src:
+        raise CliError(
+            f"mountpoint {mountpoint} is the source itself: fastfs mirrors SRC on another, empty directory"
+            f" (e.g. mkdir /mnt/{os.path.basename(src) or 'data'} and mount there)"
+        )
+    if _inside(mnt, src):
+        raise CliError(f"mountpoint {mountpoint} is inside source {source}: use a directory outside the source")
+    if _inside(src, mnt):
+        raise CliError(f"source {source} is inside mountpoint {mountpoint}: use a mount point outside the source")
     entry = find_mount(mnt)
     if entry is not None:
         if entry.fstype.startswith("fuse") and daemon_gone(mnt):  # stat may have come from the kernel's cache
             raise CliError(f"mountpoint {mountpoint} is a dead mount (run: fastfs umount {mountpoint})")
-        raise CliError(f"mountpoint {mountpoint} is already a mount point ({entry.fstype} from {entry.source})")
-    try:
-        if os.listdir(mnt):
-            raise CliError(f"mountpoint {mountpoint} is not empty")
-    except OSError as e:
-        raise CliError(f"mountpoint {mountpoint}: {e.strerror}") from None
-    if _inside(mnt, src):
-        raise CliError(f"mountpoint {mountpoint} is inside source {source}")
-    if _inside(src, mnt):
-        raise CliError(f"source {source} is inside mountpoint {mountpoint}")
+        if is_fastfs(entry):
+            raise CliError(
+                f"mountpoint {mountpoint} is already a fastfs mount ({entry.source}): unmount it first"
+                f" (fastfs umount {mountpoint}) or mount on another directory"
+            )
+        raise CliError(
+            f"mountpoint {mountpoint} is already a mount point ({entry.fstype} from {entry.source}):"
+            " mount on an empty directory that is not a mount point"
+        )
+    if not nonempty:
+        try:
+            if os.listdir(mnt):
+                raise CliError(
+                    f"mountpoint {mountpoint} is not empty: use an empty directory, or -o nonempty to hide its files"
+                )
+        except OSError as e:
+            raise CliError(f"mountpoint {mountpoint}: {e.strerror}") from None
     return src, mnt
 
 
@@ -92,18 +116,67 @@ def check_fuse_device(path: str = FUSE_DEVICE) -> None:
     """Raise :class:`CliError` when this process cannot open the FUSE device read-write.
 
     A root daemon opens it directly and ``fusermount3`` opens it with the caller's rights, so the
-    check tells a user without access the cause in one line before anything is forked.
+    check tells a user without access the cause and the fix in one line before anything is forked.
     """
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CliError(f"{path} does not exist: load the fuse module (modprobe fuse) or install fuse3") from None
     except OSError as e:
-        raise CliError(f"cannot open {path}: {e.strerror} (FUSE needs read-write access to it)") from None
+        raise CliError(f"cannot open {path}: {e.strerror}: {_device_fix(path)}") from None
     os.close(fd)
 
 
+def _device_fix(path: str) -> str:
+    """What a user without read-write access to the FUSE device can do, in a few words."""
+    try:
+        group = grp.getgrgid(os.stat(path).st_gid).gr_name
+    except (OSError, KeyError):
+        group = ""
+    if group and group != "root":
+        return f"add this user to group {group} (usermod -aG {group} USER) and log in again, or mount as root"
+    return f"ask root to make it usable by users (chmod 0666 {path}, its usual mode) or mount as root"
+
+
+def check_other_users(config: Any, fuse_conf: str = FUSE_CONF) -> None:
+    """Raise :class:`CliError` when a mount by a user other than root asks for allow_other or
+    allow_root and cannot have them (before anything is forked, so the reason is one line)."""
+    if os.geteuid() == 0:
+        return  # root may allow others; allow_root changes nothing for it
+    if config.fuse.allow_root and not config.fuse.allow_other:
+        raise CliError(
+            "allow_root: only a mount by root can grant it (where it changes nothing); as another user use"
+            f" allow_other, which needs user_allow_other in {fuse_conf}"
+        )
+    if config.fuse.allow_other and not _user_allow_other(fuse_conf):
+        raise CliError(
+            f"allow_other: a mount by a user other than root needs the line user_allow_other in {fuse_conf}"
+            " (ask root to add it), or mount as root"
+        )
+
+
+def _user_allow_other(fuse_conf: str) -> bool:
+    try:
+        with open(fuse_conf, encoding="utf-8", errors="replace") as f:
+            return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
 # -- mount ----------------------------------------------------------------------------------------
+def _overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The overrides of a mount: ``$FASTFS_OPTIONS``, then -o and the flags (later ones win); and the
+    origin of each that came from the environment."""
+    environment = environment_overrides()
+    overrides: dict[str, Any] = {**environment, **parse_overrides(args.options)}
+    if getattr(args, "allow_other", False):
+        overrides["fuse.allow_other"] = "true"
+    origins = {key: ENV_ORIGIN for key, value in environment.items() if overrides.get(key) == value}
+    return overrides, origins
+
+
 def _mount_config(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]]:
-    overrides: dict[str, Any] = parse_overrides(args.options)
+    overrides, _ = _overrides(args)
     if args.log_level:
         overrides["log.level"] = args.log_level
     if args.log_file:
@@ -129,7 +202,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     mountpoint = mountpoint or config.mountpoint
     if not source or not mountpoint:
         raise CliError("mount needs SRC and MNT (as arguments or as source/mountpoint in the config)")
-    src, mnt = check_paths(source, mountpoint)
+    src, mnt = check_paths(source, mountpoint, nonempty=config.fuse.nonempty)
+    check_other_users(config)
     check_fuse_device()
     config = dataclasses.replace(config, source=src, mountpoint=mnt)
     kwargs = {"config_path": config_path, "overrides": overrides, "use_default_path": True}
@@ -242,7 +316,8 @@ def _kill_child(pid: int) -> None:
 def _print_config(args: argparse.Namespace) -> int:
     """``fastfs mount [SRC] [MNT] [--config F] [--profile P] [-o ...] --print-config``."""
     _, config_path, overrides = _mount_config(args)  # validates exactly as a mount would
-    config, origins = load_with_origins(config_path, overrides, use_default_path=True)
+    env_origins = _overrides(args)[1]
+    config, origins = load_with_origins(config_path, overrides, use_default_path=True, override_origins=env_origins)
     source, mountpoint = args.source, args.mountpoint
     if source and not mountpoint:
         source, mountpoint = None, source
@@ -256,7 +331,9 @@ def _print_config(args: argparse.Namespace) -> int:
     file = config_path or load_default_path()
     if file:
         layers.append(file)
-    if overrides or paths:
+    if env_origins:
+        layers.append(ENV_ORIGIN)
+    if set(overrides) - set(env_origins) or paths:
         layers.append(COMMAND_LINE)
     header = "fastfs effective configuration (" + " < ".join(layers) + ")"
     sys.stdout.write(render(config, origins, header))

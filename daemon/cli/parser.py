@@ -54,8 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE[,...]",
-        help="config override, e.g. -o budget=2G,workers=8 or -o readahead.max_window=128M",
+        help="settings, e.g. -o budget=2G,workers=8 or -o readahead.max_window=128M, and the standard mount "
+        "options ro, allow_other, allow_root, default_permissions, fsname=NAME, subtype=NAME, noatime, nonempty, "
+        "nosuid, nodev (rw is refused: fastfs is read-only); also taken from $FASTFS_OPTIONS, under -o",
     )
+    m.add_argument("--allow-other", action="store_true", help="let other users use the mount (as -o allow_other)")
     m.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level")
     m.add_argument("--log-file", metavar="F", help="log file, created 0600 (default: stderr; background: see above)")
     _add_profile_options(m)

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from fastfs.daemon.control import XATTR_STATS
-from fastfs.daemon.mounttable import FSTYPE, MountEntry, mounts
+from fastfs.daemon.mounttable import MountEntry, is_fastfs, mounts
 from fastfs.daemon.summary import duration, human_bytes, pct
 
 # Seconds a mount may take to answer its stats request before it is reported unresponsive.
@@ -130,7 +130,7 @@ def probe(entries: list[MountEntry], timeout: float = PROBE_TIMEOUT) -> list[Mou
 def fastfs_mounts(paths: list[str] | None = None) -> list[MountEntry]:
     """The fastfs mounts of the mount table (only those at *paths* when given)."""
     try:
-        entries = [e for e in mounts() if e.fstype == FSTYPE]
+        entries = [e for e in mounts() if is_fastfs(e)]
     except OSError as e:
         raise StatusError(f"cannot read the mount table: {e.strerror}") from None
     if not paths:

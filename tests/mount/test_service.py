@@ -460,7 +460,9 @@ def test_cleanup_tolerates_bad_config(tmp_path: Path) -> None:
         ("rw", None, {}),
         ("defaults", None, {}),
         ("ro,budget=2G,config=/etc/fastfs/x.yaml,_netdev", "/etc/fastfs/x.yaml", {"cache.budget": "2G"}),
-        ("ro,noatime,nodev,nosuid,noexec,exec,auto,noauto,user,nouser,nofail,sync,async", None, {}),
+        ("ro,nodev,nosuid,noexec,exec,auto,noauto,user,nouser,nofail,sync,async", None, {}),
+        ("ro,noatime,nonempty,allow_root", None,
+         {"fuse.noatime": "true", "fuse.nonempty": "true", "fuse.allow_root": "true"}),
         ("x-systemd.automount,x-systemd.requires=nfs.mount,X-mount.mkdir,comment=systemd.x", None, {}),
         ("workers=8,block_size=1M,max_window=32M", None,
          {"cache.workers": "8", "cache.block_size": "1M", "readahead.max_window": "32M"}),
@@ -472,7 +474,8 @@ def test_cleanup_tolerates_bad_config(tmp_path: Path) -> None:
          {"log.file": "/var/log/fast fs.log", "log.level": "debug"}),
         ("metrics=127.0.0.1:9188", None, {"stats.metrics": "127.0.0.1:9188"}),
         ("budget=1G,budget=2G", None, {"cache.budget": "2G"}),
-        ("default_permissions,fsname=data,subtype=fastfs", None, {}),
+        ("default_permissions,fsname=data,subtype=fastfs", None,
+         {"fuse.default_permissions": "true", "fuse.fsname": "data", "fuse.subtype": "fastfs"}),
         ("uid=1000,gid=100,umask=022,file_mode=0644,dir_mode=0755", None,
          {"fuse.uid": "1000", "fuse.gid": "100", "fuse.umask": "022", "fuse.file_mode": "0644",
           "fuse.dir_mode": "0755"}),
@@ -530,6 +533,14 @@ def _check_mounted_and_unmount(mnt: Path, name: str, data: bytes, budget: int) -
     _wait_for(lambda: not _pids_using(mnt), "the background daemon to exit")
 
 
+def _check_standard_options(mnt: Path) -> None:
+    """The mount made from ro,allow_other,default_permissions,fsname=trainset,noatime shows them."""
+    with open("/proc/mounts", encoding="utf-8") as f:
+        (line,) = [fields for fields in map(str.split, f) if fields[1:2] == [str(mnt)]]
+    assert line[0] == "trainset" and line[2] == "fuse.fastfs"
+    assert {"ro", "noatime", "allow_other", "default_permissions"} <= set(line[3].split(","))
+
+
 def test_helper_called_as_mount_does(src: Path, mnt: Path, tmp_path: Path) -> None:
     assert HELPER.is_file(), f"console script {HELPER} missing: pip install -e the repository"
     data = rand_bytes(5 * MIB + 3, 3)
@@ -567,6 +578,21 @@ def test_mount_t_fuse_fastfs(src: Path, mnt: Path, tmp_path: Path) -> None:
                                   capture_output=True, text=True, timeout=CMD_TIMEOUT)  # fmt: skip
             assert done.returncode == 0, done.stderr
             _check_mounted_and_unmount(mnt, "b.bin", data, 96 * MIB)
+
+            # The standard FUSE options with their usual meaning, by -t and from an fstab line.
+            standard = "ro,allow_other,default_permissions,fsname=trainset,noatime"
+            done = subprocess.run(["mount", "-t", "fuse.fastfs", str(src), str(mnt), "-o", standard],
+                                  env=_helper_env(tmp_path), capture_output=True, text=True,
+                                  timeout=CMD_TIMEOUT)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            _check_standard_options(mnt)
+            _check_mounted_and_unmount(mnt, "b.bin", data, _budget(mnt))
+            fstab.write_text(f"{src} {mnt} fuse.fastfs {standard},_netdev 0 0\n")
+            done = subprocess.run(["mount", "--fstab", str(fstab), str(mnt)], env=_helper_env(tmp_path),
+                                  capture_output=True, text=True, timeout=CMD_TIMEOUT)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            _check_standard_options(mnt)
+            _check_mounted_and_unmount(mnt, "b.bin", data, _budget(mnt))
 
             # A bad option fails with one line and mounts nothing.
             done = subprocess.run(["mount", "-t", "fuse.fastfs", str(src), str(mnt), "-o", "ro,bogus=1"],
