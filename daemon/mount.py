@@ -34,6 +34,7 @@ from fastfs.config.reload import apply_live
 from fastfs.config.schema import Config
 from fastfs.daemon import logsetup, notify
 from fastfs.daemon.control import CONTROL_NAME
+from fastfs.daemon.health import HealthCheck
 from fastfs.daemon.mounttable import UNMOUNT_TIMEOUT, MountRecord, force_unmount, forget_mount, record_mount, run_quiet
 from fastfs.daemon.summary import summary_line
 from fastfs.fsio.api import EngineAPI
@@ -194,11 +195,16 @@ class Daemon:
         except ImportError as e:
             log.warning("metrics endpoint %s not started: %s", listen, e)
             return
+        health = HealthCheck(self.mountpoint, self.serving, self.ops.snapshot, self.config.cache.disk_dir)
         try:
-            self.metrics_server = metrics.serve(self.ops.snapshot, host, port, self.mountpoint)
+            self.metrics_server = metrics.serve(self.ops.snapshot, host, port, self.mountpoint, health.check)
         except OSError as e:
             why = os.strerror(e.errno) if e.errno else one_line(e)
             raise MountError(f"stats.metrics: cannot listen on {host}:{port}: {why}") from None
+
+    def serving(self) -> bool:
+        """True while the mount is live: INIT answered and the connection not ended."""
+        return self._live and not self._fuse_done.is_set()
 
     def _install_signals(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
