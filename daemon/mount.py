@@ -10,7 +10,8 @@ Threads of a running daemon:
   readiness (a pipe to the waiting ``fastfs mount`` parent and/or ``READY=1``);
 * the main thread owns the signal handlers: they only queue the signal and wake the main loop,
   which then acts: SIGTERM/SIGINT unmount cleanly, SIGHUP reloads the configuration, SIGUSR1 logs
-  a one-line stats summary. The loop also sends periodic ``STATUS=`` lines when run by systemd;
+  a one-line stats summary, SIGUSR2 reopens the log file (logrotate). The loop also sends periodic
+  ``STATUS=`` lines when run by systemd;
 * the session's workers, watchdog and notifier (see :mod:`.kernel.session`).
 
 ``fastfs mount`` (:mod:`fastfs.daemon.cli.mountcmd`) validates and forks first; only the daemon
@@ -43,6 +44,8 @@ log = logging.getLogger("fastfs.mount")
 
 # The kernel's cap on pages per FUSE request (256 = 1 MiB unless an administrator raised it).
 MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
+# Signals the main loop handles (see the module docstring).
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Upper bound of one main-loop sleep, so queued signals are handled promptly even without a wake-up.
 MAIN_TICK = 1.0
 
@@ -207,7 +210,7 @@ class Daemon:
         return self._live and not self._fuse_done.is_set()
 
     def _install_signals(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        for sig in HANDLED_SIGNALS:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -344,6 +347,13 @@ class Daemon:
             self.reload()
         elif signum == signal.SIGUSR1:
             log.info("stats: %s", self.summary())
+        elif signum == signal.SIGUSR2:
+            try:
+                paths = logsetup.reopen()
+            except logsetup.LogFileError as e:
+                log.error("cannot reopen the log (kept the old one): %s", e)
+            else:
+                log.info("reopened %s", ", ".join(paths) if paths else "nothing: logging to stderr")
 
     def reload(self) -> list[str]:
         """Re-read the config file and the original -o overrides; apply what can change live."""
@@ -449,7 +459,7 @@ class Daemon:
                 self.engine.close()
             except Exception as e:  # noqa: BLE001 - exit must proceed
                 log.warning("engine shutdown failed: %s", one_line(e))
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        for sig in HANDLED_SIGNALS:
             try:
                 signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
             except (ValueError, OSError):

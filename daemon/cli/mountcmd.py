@@ -242,6 +242,7 @@ def _daemonize(src: str, mnt: str, config: Any, kwargs: dict[str, Any]) -> int:
             os.dup2(log_fd, 2)
             os.close(devnull)
             os.close(log_fd)
+            logsetup.log_std_streams_to(log_file, default=not config.log.file)
             logsetup.setup(config.log.level, None, journal=False)
             status = mount.Daemon(src, mnt, config, readiness=readiness, **kwargs).run()
         except BaseException as e:  # noqa: BLE001 - the parent shows this one line

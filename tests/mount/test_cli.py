@@ -416,6 +416,42 @@ def test_sigusr1_logs_stats(populated: Path, mnt: Path) -> None:
         assert m.proc.poll() is None
 
 
+def _daemon_pid(mnt: Path) -> int:
+    return json.loads(os.getxattr(mnt, "user.fastfs.stats"))["mount"]["pid"]
+
+
+def _rotate_and_check(log: Path, pid: int, mnt: Path) -> None:
+    """logrotate's move and SIGUSR2: the next lines go to a new file at the old name, none to the moved one."""
+    rotated = log.with_name(log.name + ".1")
+    os.rename(log, rotated)
+    os.kill(pid, signal.SIGUSR2)
+    assert wait_for(lambda: log.exists() and "reopened" in log.read_text()), rotated.read_text()
+    (mnt / "data.bin").read_bytes()
+    os.kill(pid, signal.SIGUSR1)
+    assert wait_for(lambda: "stats: requested" in log.read_text()), log.read_text()
+    assert "stats: requested" not in rotated.read_text() and "reopened" not in rotated.read_text()
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
+def test_sigusr2_reopens_the_log_of_a_background_mount(populated: Path, mnt: Path, tmp_path: Path) -> None:
+    log = tmp_path / "bg.log"
+    try:
+        result = run_cli("mount", populated, mnt, "--log-file", log, timeout=90)
+        assert result.returncode == 0, result.stderr
+        _rotate_and_check(log, _daemon_pid(mnt), mnt)
+        assert run_cli("umount", mnt).returncode == 0
+    finally:
+        force_unmount(mnt)
+
+
+def test_sigusr2_reopens_the_log_file_of_a_foreground_mount(populated: Path, mnt: Path, tmp_path: Path) -> None:
+    log = tmp_path / "fg.log"
+    with mounted(populated, mnt, options=[f"log.file={log}"]) as m:
+        assert wait_for(lambda: log.exists() and "mounted" in log.read_text())
+        _rotate_and_check(log, m.pid, mnt)
+        assert m.proc.poll() is None
+
+
 # -- stats ------------------------------------------------------------------------------------------
 def test_stats_command(populated: Path, mnt: Path) -> None:
     with mounted(populated, mnt, options=[SERVED]):
