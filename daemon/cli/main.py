@@ -43,6 +43,10 @@ def cmd_install_service(args: argparse.Namespace) -> int:
     return int(service.install(args) or 0)
 
 
+def cmd_uninstall_service(args: argparse.Namespace) -> int:
+    return int(service.uninstall(args) or 0)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     try:
         return bench.main(args)
@@ -51,7 +55,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    sys.stdout.write(completion.bash_script(build_parser(), sorted({*ALIASES, *schema_keys()})))
+    sys.stdout.write(completion.script(args.shell, build_parser(), sorted({*ALIASES, *schema_keys()})))
     return 0
 
 
@@ -68,6 +72,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "stats": cmd_stats,
     "warm": cmd_warm,
     "install-service": cmd_install_service,
+    "uninstall-service": cmd_uninstall_service,
     "status": cmd_status,
     "bench": cmd_bench,
     "completion": cmd_completion,

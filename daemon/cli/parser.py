@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 from fastfs import __version__
 from fastfs.config.loader import ConfigError, one_line, parse_size
 from fastfs.config.profiles import PROFILES
-from fastfs.daemon.cli import bench, warm
+from fastfs.daemon.cli import bench, completion, warm
 
 # Seconds between `fastfs stats --watch` lines when no interval is given (one line a second reads well).
 DEFAULT_WATCH_INTERVAL = 1.0
@@ -96,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Install the fastfs@.service systemd unit and the mount.fuse.fastfs helper.",
     )
     i.add_argument("--prefix", default="/", help="install root (default /)")
+    r = sub.add_parser(
+        "uninstall-service",
+        help="remove the systemd unit and mount helper",
+        description="Remove what install-service installed: the fastfs@.service unit, the mount.fuse.fastfs link "
+        "and the unchanged example config; the instances' configs, state and logs are kept. Refuses while "
+        "fastfs@ instances run.",
+    )
+    r.add_argument("--prefix", default="/", help="install root (default /)")
     _add_newcomer_commands(sub)
     return parser
 
@@ -140,11 +148,12 @@ def _add_newcomer_commands(sub: Any) -> None:
 
     c = sub.add_parser(
         "completion",
-        help="print a shell completion script",
-        description="Print a completion script: source <(fastfs completion bash), or save it as "
-        "/etc/bash_completion.d/fastfs.",
+        help="print a shell completion script (bash, zsh, fish)",
+        description="Print a completion script: bash: source <(fastfs completion bash), or save it as "
+        "/etc/bash_completion.d/fastfs; zsh: save it as _fastfs in a directory of $fpath (fastfs completion zsh > "
+        '"${fpath[1]}/_fastfs"); fish: fastfs completion fish > ~/.config/fish/completions/fastfs.fish.',
     )
-    c.add_argument("shell", choices=("bash",), help="shell to complete in")
+    c.add_argument("shell", choices=completion.SHELLS, help="shell to complete in")
 
 
 def _size_arg(text: str) -> int:

@@ -1,4 +1,5 @@
-"""systemd and mount(8) integration: ``fastfs install-service`` and the unit's post-stop cleanup.
+"""systemd and mount(8) integration: ``fastfs install-service``, ``fastfs uninstall-service`` and the
+unit's post-stop cleanup.
 
 Design: the unit file and the example config are shipped as package data and copied, never
 generated, so what is installed is exactly what is reviewed and verified in the repository
@@ -209,6 +210,96 @@ def install(args: Any) -> int:
     return 0
 
 
+# -- uninstall-service ------------------------------------------------------------------------
+def _is_our_unit(path: Path) -> bool:
+    """True when *path* is a fastfs unit as install-service writes it (its Exec lines run fastfs)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    shipped = {line for line in unit_text().splitlines() if line and not line.startswith("Exec")}
+    return shipped <= set(text.splitlines())
+
+
+def uninstall(args: Any) -> int:
+    """``fastfs uninstall-service [--prefix DIR]``: remove what install-service installed.
+
+    Removed: the unit (when it is fastfs's: every line but the Exec ones as shipped), the
+    ``mount.fuse.fastfs`` link (only a symlink to a ``mount.fuse.fastfs`` script: a helper installed
+    as a regular file by a package is kept) and the example config when it is unchanged. Kept and
+    said so: the instances' configs (``/etc/fastfs/NAME.yaml``), an edited example, learned state and
+    logs. Instances still running are named with the command that stops them, and nothing is removed
+    while one runs (its unit would vanish under systemd); the exit status is then 1.
+    """
+    prefix = Path(getattr(args, "prefix", None) or "/")
+    prog = "fastfs uninstall-service"
+    unit_path = prefix / UNIT_DIR / UNIT_NAME
+    helper_path = prefix / HELPER_DIR / HELPER_NAME
+    example_path = prefix / CONFIG_DIR / INSTALLED_EXAMPLE_NAME
+    notes: list[str] = []
+    try:
+        if str(prefix) == "/":
+            running = _running_instances()
+            if running:
+                stop = " ".join(running)
+                print(
+                    f"{prog}: still running: {stop} (stop them first: systemctl disable --now {stop})", file=sys.stderr
+                )
+                return 1
+        if unit_path.exists():
+            if _is_our_unit(unit_path):
+                unit_path.unlink()
+                notes.append(f"removed {unit_path}")
+            else:
+                notes.append(f"kept {unit_path}: it is not the unit fastfs installs")
+        if helper_path.is_symlink():
+            if os.path.basename(os.readlink(helper_path)) == HELPER_NAME:
+                helper_path.unlink()
+                notes.append(f"removed {helper_path}")
+            else:
+                notes.append(f"kept {helper_path}: it links elsewhere")
+        elif helper_path.exists():
+            notes.append(f"kept {helper_path}: installed by a package, not by fastfs install-service")
+        if example_path.exists():
+            if example_path.read_bytes() == example_text().encode("utf-8"):
+                example_path.unlink()
+                notes.append(f"removed {example_path}")
+            else:
+                notes.append(f"kept {example_path}: edited")
+        config_dir = prefix / CONFIG_DIR
+        kept = sorted(p.name for p in config_dir.glob("*.yaml")) if config_dir.is_dir() else []
+        if kept:
+            notes.append(f"kept the configs in {config_dir}: {', '.join(kept)}")
+    except InstallError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        where = f" {e.filename}:" if e.filename else ""
+        print(f"{prog}:{where} {e.strerror or e}", file=sys.stderr)
+        return 1
+    print("\n".join(notes or ["nothing to remove: fastfs's unit and mount helper are not installed"]))
+    if any(n.startswith("removed") for n in notes) and str(prefix) == "/":
+        print("next: systemctl daemon-reload")
+    return 0
+
+
+def _running_instances() -> list[str]:
+    """The fastfs@ units systemd runs now ([] without systemd)."""
+    try:
+        done = subprocess.run(
+            ["systemctl", "list-units", "--plain", "--no-legend", "--state=active", "fastfs@*"],
+            capture_output=True,
+            text=True,
+            timeout=FUSERMOUNT_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if done.returncode != 0:
+        return []
+    return [line.split()[0] for line in done.stdout.splitlines() if line.startswith("fastfs@")]
+
+
 # -- ExecStopPost cleanup ---------------------------------------------------------------------
 def _detach(path: str) -> bool:
     libc_name = ctypes.util.find_library("c") or "libc.so.6"
@@ -269,10 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config")
     p = sub.add_parser("install", help="same as `fastfs install-service`")
     p.add_argument("--prefix", default="/")
+    p = sub.add_parser("uninstall", help="same as `fastfs uninstall-service`")
+    p.add_argument("--prefix", default="/")
     args = parser.parse_args(argv)
     if args.command == "cleanup":
         return cleanup(args.config)
-    return install(args)
+    return uninstall(args) if args.command == "uninstall" else install(args)
 
 
 if __name__ == "__main__":

@@ -299,6 +299,47 @@ def test_install_service_cli(tmp_path: Path) -> None:
     assert (tmp_path / "etc/fastfs/example.yaml").read_bytes() == EXAMPLE.read_bytes()
 
 
+def test_uninstall_service_removes_what_install_service_installed(tmp_path: Path) -> None:
+    assert run_cli("install-service", "--prefix", tmp_path).returncode == 0
+    unit, link = tmp_path / "etc/systemd/system/fastfs@.service", tmp_path / "sbin/mount.fuse.fastfs"
+    example, own = tmp_path / "etc/fastfs/example.yaml", tmp_path / "etc/fastfs/data.yaml"
+    own.write_text("source: /data\nmountpoint: /mnt/data\n")
+    assert unit.is_file() and link.is_symlink() and example.is_file()
+    done = run_cli("uninstall-service", "--prefix", tmp_path)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.splitlines() == [
+        f"removed {unit}",
+        f"removed {link}",
+        f"removed {example}",
+        f"kept the configs in {tmp_path / 'etc/fastfs'}: data.yaml",
+    ]
+    assert not unit.exists() and not link.is_symlink() and not example.exists()
+    assert own.read_text() == "source: /data\nmountpoint: /mnt/data\n"
+    again = run_cli("uninstall-service", "--prefix", tmp_path)
+    assert again.returncode == 0 and again.stdout.splitlines() == [
+        f"kept the configs in {tmp_path / 'etc/fastfs'}: data.yaml"
+    ]
+
+
+def test_uninstall_service_keeps_what_it_did_not_install(tmp_path: Path) -> None:
+    assert service.install(argparse.Namespace(prefix=str(tmp_path))) == 0
+    unit, link = tmp_path / "etc/systemd/system/fastfs@.service", tmp_path / "sbin/mount.fuse.fastfs"
+    example = tmp_path / "etc/fastfs/example.yaml"
+    unit.write_text("[Unit]\nDescription=someone else's unit\n")
+    link.unlink()
+    link.write_text("#!/bin/sh\n")  # a helper installed by a package
+    example.write_text("cache:\n  budget: 2G\n")
+    done = run_cli("uninstall-service", "--prefix", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"kept {unit}: it is not the unit fastfs installs",
+        f"kept {link}: installed by a package, not by fastfs install-service",
+        f"kept {example}: edited",
+        f"kept the configs in {tmp_path / 'etc/fastfs'}: example.yaml",
+    ]
+    assert unit.exists() and link.read_text() == "#!/bin/sh\n" and example.exists()
+
+
 def test_install_service_unwritable_prefix_fails_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
