@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 from fastfs import __version__
 from fastfs.config.loader import ConfigError, one_line, parse_size
 from fastfs.config.profiles import PROFILES
-from fastfs.daemon.cli import bench, completion, warm
+from fastfs.daemon.cli import bench, completion, stats, warm
 
 # Seconds between `fastfs stats --watch` lines when no interval is given (one line a second reads well).
 DEFAULT_WATCH_INTERVAL = 1.0
@@ -68,16 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("-l", "--lazy", action="store_true", help="detach now, finish when files are closed")
 
     s = sub.add_parser("stats", help="show statistics of a mount", description="Show what a fastfs mount did.")
-    s.add_argument("mountpoint", metavar="MNT")
+    s.add_argument("mountpoint", metavar="MNT", help="the mount, or any path inside it")
     s.add_argument("--json", action="store_true", help="print the raw JSON snapshot")
     s.add_argument(
         "--watch",
         nargs="?",
-        type=float,
+        type=_watch_interval,
         const=DEFAULT_WATCH_INTERVAL,
         default=None,
         metavar="SECONDS",
-        help=f"print per-interval rates every SECONDS (default {DEFAULT_WATCH_INTERVAL:g}) until Ctrl-C",
+        help=f"print per-interval rates every SECONDS (default {DEFAULT_WATCH_INTERVAL:g}, at least"
+        f" {stats.MIN_WATCH_INTERVAL:g}) until Ctrl-C",
     )
     s.add_argument("--top", type=int, metavar="N", help="list the N files with most bytes fetched")
 
@@ -163,6 +164,16 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a size such as 256M, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
+
+
+def _watch_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds such as 2, got {text!r}") from None
+    if not (stats.MIN_WATCH_INTERVAL <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected at least {stats.MIN_WATCH_INTERVAL:g} seconds, got {text!r}")
     return value
 
 

@@ -16,11 +16,11 @@ import time
 from typing import Any
 
 from fastfs.daemon.control import STATS_RELPATH, STATS_TOP_FILES, XATTR_STATS
-from fastfs.daemon.mounttable import find_mount, is_fastfs
+from fastfs.daemon.mounttable import containing_mount, is_fastfs
 from fastfs.daemon.summary import duration, fetched, human_bytes, ms, pct, ratio
 
-# Smallest --watch interval accepted (reading the snapshot is cheap, printing faster is noise).
-MIN_WATCH_INTERVAL = 0.1
+# Smallest --watch interval accepted (two rows a second are still readable; faster is noise and load).
+MIN_WATCH_INTERVAL = 0.5
 # --watch repeats its header after this many lines.
 WATCH_HEADER_EVERY = 20
 
@@ -37,13 +37,29 @@ def _disk_lines(c: dict[str, Any], g: dict[str, Any]) -> list[str]:
         f"  disk tier          {human_bytes(g.get('disk_cache_bytes', 0))} of"
         f" {human_bytes(g.get('disk_cache_budget', 0))} budget ({g.get('disk_cache_files', 0)} files),"
         f" {human_bytes(g.get('disk_free_bytes', 0))} free (floor {human_bytes(g.get('disk_free_floor', 0))})",
-        f"  disk hits          {human_bytes(c.get('disk_hit_bytes', 0))} in {c.get('disk_hits', 0)} reads,"
-        f" {c.get('opens_disk', 0)} opens by passthrough to disk ({human_bytes(c.get('bytes_disk_opened', 0))})",
+        f"  disk hits          {human_bytes(c.get('disk_hit_bytes', 0))} in {c.get('disk_hits', 0)} reads",
         f"  disk writes        {human_bytes(c.get('disk_bytes_written', 0))} in {c.get('disk_writes', 0)} writes,"
         f" dropped {c.get('disk_writes_dropped', 0)} (queue full), {c.get('disk_writes_no_room', 0)} (no room),"
         f" {c.get('disk_write_errors', 0)} errors; {c.get('disk_evictions', 0)} evictions"
         f" ({human_bytes(c.get('disk_evicted_bytes', 0))}), {c.get('disk_corrupt_dropped', 0)} corrupt entries dropped",
     ]
+
+
+def _route_lines(c: dict[str, Any], g: dict[str, Any]) -> list[str]:
+    """Opens and bytes by route: served by fastfs (its bytes are "requested"), and handed to the kernel
+    by passthrough to the source file or to the disk tier's copy (those reads never reach fastfs)."""
+    lines = [
+        f"  opens served       {c.get('opens', 0)}, {human_bytes(c.get('bytes_requested', 0))} read through fastfs",
+        f"  opens passthrough  {c.get('opens_passthrough', 0)}, files of"
+        f" {human_bytes(c.get('bytes_passthrough_opened', 0))} (the kernel reads them from the source; not in"
+        " requested)",
+    ]
+    if "disk_cache_budget" in g or c.get("opens_disk", 0):
+        lines.append(
+            f"  opens disk         {c.get('opens_disk', 0)}, files of {human_bytes(c.get('bytes_disk_opened', 0))}"
+            " (the kernel reads them from the disk tier)"
+        )
+    return lines
 
 
 def format_summary(snap: dict[str, Any]) -> str:
@@ -67,6 +83,7 @@ def format_summary(snap: dict[str, Any]) -> str:
         f"  requested          {human_bytes(requested)} in {c.get('read_requests', 0)} reads"
         f" ({human_bytes(requested / uptime if uptime > 0 else 0)}/s average)",
         f"  served from cache  {human_bytes(c.get('bytes_served_from_cache', 0))} (hit ratio {pct(hit)})",
+        *_route_lines(c, g),
         f"  fetched            {human_bytes(fetched(c))}: demand {human_bytes(c.get('bytes_fetched_demand', 0))},"
         f" prefetch {human_bytes(prefetched)}",
         f"  amplification      {ratio(amplification)} (fetched / requested)",
@@ -113,20 +130,23 @@ def format_top(snap: dict[str, Any], n: int) -> str:
     return "\n".join(out)
 
 
-def read_snapshot(mountpoint: str) -> dict[str, Any]:
-    """The snapshot of the fastfs mount at *mountpoint*; :class:`StatsError` otherwise."""
+def read_snapshot(path: str) -> dict[str, Any]:
+    """The snapshot of the fastfs mount at or holding *path* (a file or directory inside it works too,
+    as for ``fastfs warm``); :class:`StatsError` otherwise."""
     try:
-        os.stat(mountpoint)
+        os.stat(path)
     except FileNotFoundError:
-        raise StatsError(f"{mountpoint} does not exist") from None
+        raise StatsError(f"{path} does not exist") from None
     except OSError:
         pass  # a dead mount (ENOTCONN) is reported below, with the command that recovers it
     try:
-        entry = find_mount(mountpoint)
+        entry = containing_mount(path)
     except OSError as e:
         raise StatsError(f"cannot read the mount table: {e.strerror}") from None
     if not is_fastfs(entry):
-        raise StatsError(f"{mountpoint} is not a fastfs mount")
+        raise StatsError(f"{path} is not a fastfs mount nor inside one")
+    assert entry is not None  # is_fastfs says so
+    mountpoint = entry.mountpoint
     path = os.path.join(mountpoint, STATS_RELPATH)
     try:
         # the xattr is one consistent snapshot in every mode (with fuse.no_open there is no open
@@ -224,7 +244,8 @@ def watch_line(prev: dict[str, Any], cur: dict[str, Any], seconds: float) -> str
 def watch(mountpoint: str, interval: float, out: Any = None) -> int:
     """Print per-interval rates until Ctrl-C (exit 0) or the mount goes away (exit 1)."""
     out = out or sys.stdout
-    interval = max(MIN_WATCH_INTERVAL, interval)
+    if not interval >= MIN_WATCH_INTERVAL:  # the parser refuses these; also NaN
+        raise StatsError(f"--watch needs an interval of at least {MIN_WATCH_INTERVAL:g} seconds, got {interval:g}")
     prev = read_snapshot(mountpoint)
     prev_t = time.monotonic()
     lines = 0

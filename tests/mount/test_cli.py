@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import SERVED, _session_state_dir, force_unmount, is_mounted, mounted, run_cli, wait_for
 
+from fastfs.daemon.summary import human_bytes
+
 DATA = os.urandom(3 * 1024 * 1024 + 123)
 # Seconds to wait for a daemon to exit or a log line to appear.
 WAIT = 30.0
@@ -472,7 +474,7 @@ def test_stats_command(populated: Path, mnt: Path) -> None:
 def test_stats_watch_prints_rates_until_interrupted(populated: Path, mnt: Path) -> None:
     with mounted(populated, mnt):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fastfs", "stats", str(mnt), "--watch", "0.2"],
+            [sys.executable, "-m", "fastfs", "stats", str(mnt), "--watch", "0.5"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -487,6 +489,47 @@ def test_stats_watch_prints_rates_until_interrupted(populated: Path, mnt: Path) 
             out, err = proc.communicate(timeout=WAIT)
         assert proc.returncode == 0, err
         assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("interval", ["-1", "0", "0.01", "nan", "inf", "soon"])
+def test_stats_watch_interval_is_validated(populated: Path, mnt: Path, interval: str) -> None:
+    """`--watch -1` ran at about 8 rows a second: an interval under the floor is a usage error."""
+    result = run_cli("stats", mnt, "--watch", interval, timeout=20)
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fastfs: error: argument --watch: expected"), result.stderr
+
+
+def test_stats_shows_opens_and_bytes_by_route(populated: Path, mnt: Path, tmp_path: Path) -> None:
+    """After reads by passthrough, `fastfs stats` said only `requested 0 B in 0 reads`."""
+    with mounted(populated, mnt) as m:  # tmp is local: passthrough
+        assert (mnt / "data.bin").read_bytes() == DATA
+        assert m.stats()["counters"]["opens_passthrough"] == 1
+        lines = run_cli("stats", mnt).stdout.splitlines()
+        assert "  opens served       0, 0 B read through fastfs" in lines
+        assert (
+            f"  opens passthrough  1, files of {human_bytes(len(DATA))} (the kernel reads them from the source;"
+            " not in requested)"
+        ) in lines
+        assert not any(line.startswith("  opens disk") for line in lines)  # no disk tier
+    with mounted(populated, mnt, options=[SERVED, f"cache.disk_dir={tmp_path / 'disk'}"]):
+        assert (mnt / "data.bin").read_bytes() == DATA
+        lines = run_cli("stats", mnt).stdout.splitlines()
+        assert f"  opens served       1, {human_bytes(len(DATA))} read through fastfs" in lines
+        assert "  opens passthrough  0, files of 0 B (the kernel reads them from the source; not in requested)" in lines
+        assert "  opens disk         0, files of 0 B (the kernel reads them from the disk tier)" in lines
+
+
+def test_stats_of_a_path_inside_a_mount_finds_the_mount(populated: Path, mnt: Path) -> None:
+    """`fastfs stats MNT/sub` said "not a fastfs mount" (warm finds the mount from inside it)."""
+    with mounted(populated, mnt, options=[SERVED]):
+        assert (mnt / "data.bin").read_bytes() == DATA
+        for inside in (mnt / "sub", mnt / "sub" / "note.txt", mnt / "data.bin"):
+            result = run_cli("stats", inside, "--json")
+            assert result.returncode == 0, result.stderr
+            snap = json.loads(result.stdout)
+            assert snap["mount"]["mountpoint"] == str(mnt) and snap["counters"]["bytes_requested"] >= len(DATA)
+        assert run_cli("stats", mnt / "sub").stdout.startswith(f"fastfs mount {mnt} ")
 
 
 def test_stats_on_plain_directory_is_an_error(tmp_path: Path) -> None:
