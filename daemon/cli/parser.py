@@ -124,8 +124,9 @@ def _add_newcomer_commands(sub: Any) -> None:
         "bench",
         help="measure whether fastfs helps on your storage",
         description="Read a large file and a directory of small files under PATH directly and through a "
-        "temporary fastfs mount, cold (as root: caches dropped machine-wide first) and hot, and print a table "
-        "and a verdict. Nothing under PATH is modified.",
+        "temporary fastfs mount, hot (after a warm-up) or, with --drop-caches, cold and hot, and print a table "
+        "and a verdict, with a progress line per pass. Nothing under PATH is modified; a PATH on a fastfs mount "
+        "is refused.",
     )
     b.add_argument("path", metavar="PATH", help="directory (or file) on the storage to measure")
     b.add_argument(
@@ -143,6 +144,11 @@ def _add_newcomer_commands(sub: Any) -> None:
         help=f"read at most N small files (default {bench.DEFAULT_SMALL_FILES})",
     )
     b.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    b.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="root only: measure cold passes, dropping the page cache of the WHOLE machine before each",
+    )
     b.add_argument("--config", metavar="FILE", help="config of the temporary mount (as for mount)")
     b.add_argument("--profile", choices=_profile_names(), help="profile of the temporary mount")
     b.add_argument("-o", dest="options", action="append", default=[], metavar="KEY=VALUE[,...]", help="mount options")
