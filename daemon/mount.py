@@ -73,12 +73,27 @@ def raise_fd_limit() -> tuple[int, int]:
 
 # -- readiness reporting --------------------------------------------------------------------------
 class Readiness:
-    """Reports startup success or failure once, to a pipe (background parent) and to systemd."""
+    """Reports startup success or failure once, to a pipe (background parent) and to systemd; before
+    that, each stage of the start (``stage TEXT`` lines), so the parent can say what it waits for."""
 
     def __init__(self, fd: int | None = None) -> None:
         self._fd = fd
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _fd and reported; held across the pipe's small writes
         self.reported = False
+
+    def stage(self, text: str) -> None:
+        """What the start does now (one line to the parent; STATUS= under systemd)."""
+        with self._lock:
+            if self.reported:
+                return
+            fd = self._fd
+            if fd is not None:
+                try:
+                    os.write(fd, ("stage " + one_line(text) + "\n").encode())
+                except OSError:
+                    pass
+        if fd is None:
+            notify.notify("STATUS=" + one_line(text))
 
     def _send(self, text: str) -> bool:
         with self._lock:
@@ -253,6 +268,7 @@ class Daemon:
         self._raise_page_limit()
         try:
             try:
+                self.readiness.stage(f"mounting {self.mountpoint}")
                 fd = fusemount.mount(self.mountpoint, self.mount_options())
             except fusemount.FuseMountError as e:
                 self._fuse_error = str(e)
@@ -269,6 +285,7 @@ class Daemon:
             self.engine.inline_reads = True  # the watchdog bounds a read that hangs on its own thread
             self.ops.session = self.session
             try:
+                self.readiness.stage("waiting for the kernel to start the mount (INIT)")
                 self.session.start(on_init=self._on_init)
             except NegotiationError as e:
                 self._fuse_error = str(e)
@@ -287,6 +304,7 @@ class Daemon:
 
     def _mark_live(self) -> None:
         try:
+            self.readiness.stage(f"checking that {self.mountpoint} answers (a stat of its root reaches the source)")
             st_dev = os.stat(self.mountpoint).st_dev
             self.device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
             self._tune_read_ahead(self.device)
@@ -394,6 +412,7 @@ class Daemon:
     def run(self) -> int:
         """Mount and serve until unmounted or signalled; 0 after a clean stop, 1 if the mount failed."""
         raise_fd_limit()
+        self.readiness.stage(f"opening the source {self.source}")
         self._start_engine()
         try:
             self._start_metrics()

@@ -18,7 +18,9 @@ import select
 import signal
 import stat
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastfs.config.loader import (
@@ -41,6 +43,11 @@ from fastfs.daemon.mounttable import daemon_gone, find_mount, force_unmount, is_
 STARTUP_TIMEOUT = 60.0
 # Seconds to wait for a killed or failed daemon child to exit.
 CHILD_EXIT_TIMEOUT = 10.0
+# Seconds `fastfs mount` waits silently before it says what it waits for, then between repeats of the
+# same stage, and how often it looks (a slow source must never leave the user staring at nothing).
+WAIT_NOTICE = 2.0
+WAIT_REPEAT = 10.0
+NOTICE_TICK = 0.25
 # Exit status of the daemon child when it fails before reporting.
 EXIT_ERROR = 1
 # The FUSE device: the daemon (as root) or fusermount3 (with the caller's own rights) opens it read-write.
@@ -202,24 +209,72 @@ def cmd_mount(args: argparse.Namespace) -> int:
     mountpoint = mountpoint or config.mountpoint
     if not source or not mountpoint:
         raise CliError("mount needs SRC and MNT (as arguments or as source/mountpoint in the config)")
-    src, mnt = check_paths(source, mountpoint, nonempty=config.fuse.nonempty)
-    check_other_users(config)
-    check_fuse_device()
-    config = dataclasses.replace(config, source=src, mountpoint=mnt)
     kwargs = {"config_path": config_path, "overrides": overrides, "use_default_path": True}
-    if args.foreground:
-        try:
-            logsetup.setup(config.log.level, config.log.file or None)
-        except logsetup.LogFileError as e:
-            raise CliError(str(e)) from None
-        try:
-            return mount.Daemon(src, mnt, config, **kwargs).run()
-        except mount.MountError as e:
-            raise CliError(str(e)) from None
-    return _daemonize(src, mnt, config, kwargs)
+    with Notice(f"checking the source {source} and the mount point {mountpoint}") as notice:
+        src, mnt = check_paths(source, mountpoint, nonempty=config.fuse.nonempty)
+        check_other_users(config)
+        check_fuse_device()
+        config = dataclasses.replace(config, source=src, mountpoint=mnt)
+        if not args.foreground:
+            return _daemonize(src, mnt, config, kwargs, notice)
+    try:
+        logsetup.setup(config.log.level, config.log.file or None)
+    except logsetup.LogFileError as e:
+        raise CliError(str(e)) from None
+    try:
+        return mount.Daemon(src, mnt, config, **kwargs).run()
+    except mount.MountError as e:
+        raise CliError(str(e)) from None
 
 
-def _daemonize(src: str, mnt: str, config: Any, kwargs: dict[str, Any]) -> int:
+class Notice:
+    """Says on stderr what ``fastfs mount`` waits for, once :data:`WAIT_NOTICE` seconds passed without
+    the mount being live: then each new stage when it begins, and the same one again every
+    :data:`WAIT_REPEAT` seconds (a ticker thread, as the wait may be a system call that hangs)."""
+
+    def __init__(self, what: str, out: Any = None) -> None:
+        self.what = what
+        self.out = out or sys.stderr
+        self.started = time.monotonic()
+        self._said: tuple[str, float] | None = None  # (stage, when) of the last notice
+        self._lock = threading.Lock()  # guards what and _said (the ticker and the caller)
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick_loop, name="fastfs-notice", daemon=True)
+
+    def __enter__(self) -> Notice:
+        self._ticker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def update(self, what: str) -> None:
+        with self._lock:
+            self.what = what
+        self.tick()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        waited = now - self.started
+        if waited < WAIT_NOTICE or self._stop.is_set():
+            return
+        with self._lock:
+            if self._said is not None and self._said[0] == self.what and now - self._said[1] < WAIT_REPEAT:
+                return
+            self._said = (self.what, now)
+            line = f"fastfs: waiting ({waited:.0f} s): {self.what}\n"
+        try:
+            self.out.write(line)
+            self.out.flush()
+        except (OSError, ValueError):
+            pass
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(NOTICE_TICK):
+            self.tick()
+
+
+def _daemonize(src: str, mnt: str, config: Any, kwargs: dict[str, Any], notice: Notice) -> int:
     log_file = config.log.file or logsetup.default_log_file(mnt, config.state.dir)
     try:
         log_fd = logsetup.open_log_file(log_file, default=not config.log.file)
@@ -257,8 +312,9 @@ def _daemonize(src: str, mnt: str, config: Any, kwargs: dict[str, Any]) -> int:
             os._exit(status)
     os.close(write_fd)
     os.close(log_fd)
+    notice.update("the daemon to start")
     try:
-        reply = _await_child(read_fd, STARTUP_TIMEOUT)
+        reply = _await_child(read_fd, STARTUP_TIMEOUT, notice.update)
     finally:
         os.close(read_fd)
     if reply == "ok":
@@ -275,11 +331,19 @@ def _daemonize(src: str, mnt: str, config: Any, kwargs: dict[str, Any]) -> int:
     raise CliError(f"the daemon exited during startup (log: {log_file})")
 
 
-def _await_child(fd: int, timeout: float) -> str | None:
-    """The child's one-line report; '' when it exited without one; None on timeout."""
+def _await_child(fd: int, timeout: float, on_stage: Callable[[str], None] = lambda _: None) -> str | None:
+    """The child's final one-line report (``ok`` or ``error ...``); '' when it exited without one; None
+    on timeout. ``stage TEXT`` lines before it go to *on_stage*."""
     deadline = time.monotonic() + timeout
     data = b""
-    while b"\n" not in data:
+    while True:
+        while b"\n" in data:
+            line, data = data.split(b"\n", 1)
+            text = line.decode(errors="replace").strip()
+            if text.startswith("stage "):
+                on_stage(text[len("stage ") :])
+            elif text:
+                return text
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return None
@@ -288,9 +352,8 @@ def _await_child(fd: int, timeout: float) -> str | None:
             continue
         chunk = os.read(fd, 4096)
         if not chunk:
-            break
+            return data.decode(errors="replace").strip()
         data += chunk
-    return data.decode(errors="replace").strip()
 
 
 def _reap_child(pid: int) -> None:

@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from fastfs.daemon.summary import human_bytes
 DATA = os.urandom(3 * 1024 * 1024 + 123)
 # Seconds to wait for a daemon to exit or a log line to appear.
 WAIT = 30.0
+# Seconds within which a slow mount must have said what it waits for (due after 2 s).
+NOTICE_WITHIN = 10.0
 
 
 def _one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -225,6 +228,56 @@ def test_log_file_symlink_is_refused_and_its_target_untouched(populated: Path, m
     finally:
         force_unmount(mnt)
         link.unlink()
+
+
+def test_a_slow_start_says_what_it_waits_for(tmp_path: Path) -> None:
+    """A mount over a source with 4 s metadata latency printed nothing for 12.6 s: after 2 s of
+    silence `fastfs mount` names the stage it waits for (here the daemon's first look at the source)."""
+    from faultfs import faultfs_mounted
+
+    backing, src, mnt = tmp_path / "backing", tmp_path / "faultsrc", tmp_path / "mnt"
+    for d in (backing, src, mnt):
+        d.mkdir()
+    (backing / "f").write_bytes(DATA)
+    with faultfs_mounted(backing, src, tmp_path / "faultfs-work") as fault:
+        fault.set(hang_meta=["/.fastfs"])  # only the daemon looks there (the reserved control name)
+        env = {**os.environ, "STATE_DIRECTORY": _session_state_dir()}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fastfs", "mount", str(src), str(mnt), "--log-file", str(tmp_path / "log")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        try:
+            lines: list[str] = []
+            reader = threading.Thread(target=lambda: lines.append(proc.stderr.readline()), daemon=True)
+            reader.start()
+            reader.join(NOTICE_WITHIN)  # the notice is due after 2 s; without one the test fails, not hangs
+            fault.clear()
+            reader.join(WAIT)
+            first = lines[0] if lines else ""
+            out, err = proc.communicate(timeout=WAIT)
+            assert first == f"fastfs: waiting (2 s): opening the source {src}\n", (first, err)
+            assert proc.returncode == 0 and out.startswith(f"fastfs: mounted {src} on {mnt}"), (out, err)
+            assert (mnt / "f").read_bytes() == DATA
+            assert run_cli("umount", mnt).returncode == 0
+        finally:
+            fault.clear()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=WAIT)
+            force_unmount(mnt)
+
+
+def test_a_quick_mount_prints_no_waiting_notice(populated: Path, mnt: Path, tmp_path: Path) -> None:
+    try:
+        result = run_cli("mount", populated, mnt, "--log-file", tmp_path / "log", timeout=90)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        assert run_cli("umount", mnt).returncode == 0
+    finally:
+        force_unmount(mnt)
 
 
 def test_log_file_given_is_created_private(populated: Path, mnt: Path, tmp_path: Path) -> None:
