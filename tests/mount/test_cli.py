@@ -654,7 +654,10 @@ def test_notify_socket_gets_ready_status_and_stopping(populated: Path, mnt: Path
         config = "stats:\n  status_interval: 0.5\n"
         with mounted(populated, mnt, config_text=config, env={"NOTIFY_SOCKET": str(sock_path)}) as m:
             messages = [sock.recv(4096).decode()]
-            assert messages[0] == "READY=1"
+            while messages[-1] != "READY=1":  # before it, the stages of the start as STATUS= lines
+                messages.append(sock.recv(4096).decode())
+            assert messages[0] == f"STATUS=opening the source {populated}", messages
+            assert all(x.startswith("STATUS=") for x in messages[:-1]), messages
             (mnt / "data.bin").read_bytes()
             while not any(x.startswith("STATUS=") and "requested" in x for x in messages):
                 messages.append(sock.recv(4096).decode())
