@@ -36,7 +36,15 @@ from fastfs.config.schema import Config
 from fastfs.daemon import logsetup, notify
 from fastfs.daemon.control import CONTROL_NAME
 from fastfs.daemon.health import HealthCheck
-from fastfs.daemon.mounttable import UNMOUNT_TIMEOUT, MountRecord, force_unmount, forget_mount, record_mount, run_quiet
+from fastfs.daemon.mounttable import (
+    UNMOUNT_TIMEOUT,
+    MountRecord,
+    force_unmount,
+    forget_mount,
+    process_start_ticks,
+    record_mount,
+    run_quiet,
+)
 from fastfs.daemon.summary import summary_line
 from fastfs.fsio.api import EngineAPI
 
@@ -309,7 +317,8 @@ class Daemon:
             self.device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
             self._tune_read_ahead(self.device)
             fstype = self.mount_options().fstype
-            record_mount(MountRecord(self.device, self.mountpoint, fstype, os.getpid(), self.source))
+            ticks = process_start_ticks(os.getpid()) or 0
+            record_mount(MountRecord(self.device, self.mountpoint, fstype, os.getpid(), self.source, ticks))
         except OSError as e:
             log.warning("could not stat %s after mounting: %s", self.mountpoint, e.strerror)
         self._live = True

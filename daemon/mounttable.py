@@ -20,11 +20,17 @@ Nothing here imports the daemon or the commands, so both import it without a cir
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import errno
 import json
 import os
+import signal
 import subprocess
+import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from fastfs.config.loader import one_line
 
@@ -37,6 +43,14 @@ ROOT_RUNTIME_DIR = "/run/fastfs"
 RUNTIME_ENV = "FASTFS_RUNTIME_DIR"
 # Subdirectory of a runtime directory holding one record per mount.
 RECORDS = "mounts"
+# Seconds a check of a mount's state may wait for its daemon (a live one answers statfs at once).
+STATE_TIMEOUT = 2.0
+# fusectl's directory of FUSE connections (each has an abort file, root only).
+CONNECTIONS = "/sys/fs/fuse/connections"
+# umount2 flags: abort the connection first (FUSE's umount_begin); detach now.
+MNT_FORCE = 1
+MNT_DETACH = 2
+T = TypeVar("T")
 # errnos of a FUSE mount whose daemon is gone.
 DEAD_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
 
@@ -92,14 +106,28 @@ def mounts(mountinfo: str = MOUNTINFO) -> list[MountEntry]:
     return entries
 
 
+def canonical(path: str) -> str:
+    """Absolute *path* with its parent's symlinks resolved, without touching *path* itself: a mount
+    point may be a hung or dead mount, where even ``lstat`` waits for the daemon."""
+    path = os.path.abspath(path)
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path)) if path != "/" else path
+
+
 def find_mount(path: str) -> MountEntry | None:
-    """The topmost mount whose mount point is *path* (compared after realpath), or None."""
-    target = os.path.realpath(path)
-    found = None
-    for entry in mounts():
-        if entry.mountpoint == target:
-            found = entry
-    return found
+    """The topmost mount whose mount point is *path*, or None. *path* is compared in its
+    :func:`canonical` form first (the mount point itself is never touched), then, when no mount is
+    there, after realpath (a symlink to a mount point)."""
+    table = mounts()
+    for target in (canonical(path), None):
+        if target is None:
+            target = os.path.realpath(path)
+        found = None
+        for entry in table:
+            if entry.mountpoint == target:
+                found = entry
+        if found is not None:
+            return found
+    return None
 
 
 def is_fastfs(entry: MountEntry | None) -> bool:
@@ -127,17 +155,47 @@ def containing_mount(path: str) -> MountEntry | None:
     return best
 
 
-def daemon_gone(path: str) -> bool:
-    """True when the FUSE mount at *path* has no daemon any more (ENOTCONN / ECONNABORTED).
+def bounded(fn: Callable[[], T], timeout: float) -> tuple[bool, T | BaseException | None]:
+    """Run *fn* in a daemon thread for at most *timeout* seconds: (finished, its result or exception).
 
-    statfs always reaches the daemon, unlike stat, which the kernel may answer from its attribute
-    cache (attr_timeout) long after the daemon died.
-    """
-    try:
-        os.statvfs(path)
-    except OSError as e:
-        return e.errno in DEAD_ERRNOS
-    return False
+    A call on a hung FUSE mount waits for its daemon; this is how the commands bound every such call
+    (the thread is left behind, and ends with the process)."""
+    box: list[T | BaseException] = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box.append(e)
+
+    thread = threading.Thread(target=run, name="fastfs-bounded", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return (True, box[0]) if box else (False, None)
+
+
+def mount_state(entry: MountEntry, timeout: float = STATE_TIMEOUT) -> str:
+    """``dead``, ``hung`` or ``live`` for a FUSE mount, without ever waiting longer than *timeout*.
+
+    Dead: its daemon's recorded process is gone (or killed and only waiting to exit: a thread stuck
+    in a read of a hung source keeps a killed daemon's connection open, so the kernel does not see it
+    die), or ``statfs`` fails with ENOTCONN / ECONNABORTED. Hung: ``statfs``, which always reaches the
+    daemon (``stat`` may be answered from the kernel's cache), does not come back in time."""
+    record = mount_record(entry)
+    if record is not None and not daemon_alive(record):
+        return "dead"
+    finished, outcome = bounded(lambda: os.statvfs(entry.mountpoint), timeout)
+    if not finished:
+        return "hung"
+    if isinstance(outcome, OSError) and outcome.errno in DEAD_ERRNOS:
+        return "dead"
+    return "live"
+
+
+def daemon_gone(path: str) -> bool:
+    """True when the FUSE mount at *path* has no daemon any more (see :func:`mount_state`)."""
+    entry = find_mount(path)
+    return entry is not None and mount_state(entry) == "dead"
 
 
 # -- the daemons' records of their mounts ------------------------------------------------------------
@@ -150,6 +208,7 @@ class MountRecord:
     fstype: str
     pid: int
     source: str
+    start_ticks: int = 0  # the daemon's start time (/proc/PID/stat), so a reused pid is not taken for it
 
 
 def runtime_dir(uid: int | None = None) -> str | None:
@@ -215,12 +274,43 @@ def mount_record(entry: MountEntry) -> MountRecord | None:
                 if os.fstat(f.fileno()).st_uid not in (0, owner):
                     continue
                 doc = json.load(f)
-            record = MountRecord(**{k: doc[k] for k in ("device", "mountpoint", "fstype", "pid", "source")})
+            fields = {k: doc[k] for k in ("device", "mountpoint", "fstype", "pid", "source")}
+            record = MountRecord(**fields, start_ticks=int(doc.get("start_ticks", 0)))
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if (record.device, record.mountpoint, record.fstype) == (entry.device, entry.mountpoint, entry.fstype):
             return record
     return None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of process *pid* in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+        return int(text[text.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def daemon_alive(record: MountRecord) -> bool:
+    """True while the recorded daemon runs: its process exists, is the one that recorded the mount
+    (same start time), is not a zombie, and has not been sent SIGKILL (a killed daemon whose thread
+    waits in a hung source's read shows as a zombie leader with SIGKILL pending)."""
+    if record.pid <= 0:
+        return False
+    ticks = process_start_ticks(record.pid)
+    if ticks is None or (record.start_ticks and ticks != record.start_ticks):
+        return False
+    try:
+        with open(f"/proc/{record.pid}/status", encoding="ascii", errors="replace") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return False
+    if status.get("State", "").strip()[:1] in ("Z", "X"):
+        return False
+    pending = int(status.get("ShdPnd", "0").strip() or "0", 16)
+    return not pending & (1 << (signal.SIGKILL - 1))
 
 
 # -- unmounting -----------------------------------------------------------------------------------
@@ -233,9 +323,45 @@ def run_quiet(cmd: list[str], timeout: float = UNMOUNT_TIMEOUT) -> tuple[int, st
     return r.returncode, one_line(r.stderr or r.stdout)
 
 
+def connection_id(device: str) -> int:
+    """The FUSE connection number of the mount on *device* ``major:minor`` (its name under
+    /sys/fs/fuse/connections: the kernel's dev_t, major << 20 | minor)."""
+    major, _, minor = device.partition(":")
+    return (int(major) << 20) | int(minor)
+
+
+def abort_connection(entry: MountEntry) -> bool:
+    """Abort the FUSE connection of *entry* (root only): every request waiting for its daemon fails at
+    once (ECONNABORTED) and new ones fail too, so a dead mount's kernel side can be unmounted and its
+    blocked readers return. Through /sys/fs/fuse/connections/N/abort when fusectl is mounted, else
+    umount2(MNT_FORCE), whose first step for FUSE is the same abort (the unmount itself may then fail
+    as busy). True when the connection was aborted (or the mount is gone)."""
+    try:
+        with open(f"{CONNECTIONS}/{connection_id(entry.device)}/abort", "w") as f:
+            f.write("1")
+        return True
+    except (OSError, ValueError):
+        pass
+    err = umount2(entry.mountpoint, MNT_FORCE)
+    return err in (0, errno.EBUSY)
+
+
+def umount2(path: str, flags: int) -> int:
+    """umount2(2) of *path*; 0 or the errno (never raises)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.umount2(os.fsencode(path), flags) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
 def unmount(mountpoint: str, lazy: bool = False) -> tuple[int, str]:
-    """Unmount the fastfs mount on *mountpoint*: ``fusermount3 -u`` (``-z`` when *lazy*), then, for a dead
-    mount (its daemon gone) or a lazy request, ``umount -l``. Returns (0, "") or (status, one-line error).
+    """Unmount the fastfs mount on *mountpoint*; returns (0, "") or (status, one-line error).
+
+    A live or hung mount: ``fusermount3 -u`` (``-z`` when *lazy*; then ``umount -l``). A dead mount
+    (:func:`mount_state`: its daemon is gone, also one killed while a read of a hung source keeps its
+    connection open): the connection is aborted first (root, :func:`abort_connection`), so readers
+    blocked on it return, then the mount is detached. Nothing here touches the mount point itself, so
+    a dead or hung mount cannot hang the command.
 
     Refuses (status 1, "... is not a fastfs mount") anything but a fastfs mount, so a foreign FUSE
     file system is never unmounted by fastfs.
@@ -246,15 +372,17 @@ def unmount(mountpoint: str, lazy: bool = False) -> tuple[int, str]:
     if not is_fastfs(entry):
         return 1, f"{mountpoint} is not a fastfs mount"
     target = entry.mountpoint
+    if mount_state(entry) == "dead":
+        if os.geteuid() == 0:
+            abort_connection(entry)
+            if find_mount(target) != entry or umount2(target, MNT_DETACH) == 0:  # the abort may unmount it
+                return 0, ""
+        rc, err = run_quiet(["fusermount3", "-u", "-z", target])
+        return (0, "") if rc == 0 else (rc, err or "fusermount3 failed")
     rc, err = run_quiet(["fusermount3", "-u"] + (["-z"] if lazy else []) + [target])
     if rc == 0:
         return 0, ""
-    dead = False
-    try:
-        os.stat(target)
-    except OSError as e:
-        dead = e.errno in DEAD_ERRNOS
-    if dead or lazy:
+    if lazy:
         rc2, err2 = run_quiet(["umount", "-l", target])
         if rc2 == 0:
             return 0, ""

@@ -37,7 +37,7 @@ from fastfs.config.loader import (
 from fastfs.config.render import render
 from fastfs.daemon import logsetup, mount
 from fastfs.daemon.cli import CliError
-from fastfs.daemon.mounttable import daemon_gone, find_mount, force_unmount, is_fastfs, unmount
+from fastfs.daemon.mounttable import canonical, find_mount, force_unmount, is_fastfs, mount_state, unmount
 
 # Seconds `fastfs mount` waits for the daemon to report the mount live before giving up.
 STARTUP_TIMEOUT = 60.0
@@ -75,7 +75,9 @@ def check_paths(source: str, mountpoint: str, nonempty: bool = False) -> tuple[s
     if not stat.S_ISDIR(st.st_mode):
         raise CliError(f"source {source} is not a directory")
     src = os.path.realpath(source)
-    mnt = os.path.realpath(mountpoint)
+    # a mount point that is a mount now is judged from the mount table first: touching a dead or hung
+    # mount (even lstat) would wait for its daemon
+    _check_not_mounted(mountpoint, canonical(mountpoint))
     try:
         st = os.stat(mountpoint)
     except FileNotFoundError:
@@ -86,6 +88,8 @@ def check_paths(source: str, mountpoint: str, nonempty: bool = False) -> tuple[s
         raise CliError(f"mountpoint {mountpoint}: {e.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise CliError(f"mountpoint {mountpoint} is not a directory")
+    mnt = os.path.realpath(mountpoint)
+    _check_not_mounted(mountpoint, mnt)  # a symlink to a mount point
     if mnt == src:
         raise CliError(
             f"mountpoint {mountpoint} is the source itself: fastfs mirrors SRC on another, empty directory"
@@ -95,19 +99,6 @@ def check_paths(source: str, mountpoint: str, nonempty: bool = False) -> tuple[s
         raise CliError(f"mountpoint {mountpoint} is inside source {source}: use a directory outside the source")
     if _inside(src, mnt):
         raise CliError(f"source {source} is inside mountpoint {mountpoint}: use a mount point outside the source")
-    entry = find_mount(mnt)
-    if entry is not None:
-        if entry.fstype.startswith("fuse") and daemon_gone(mnt):  # stat may have come from the kernel's cache
-            raise CliError(f"mountpoint {mountpoint} is a dead mount (run: fastfs umount {mountpoint})")
-        if is_fastfs(entry):
-            raise CliError(
-                f"mountpoint {mountpoint} is already a fastfs mount ({entry.source}): unmount it first"
-                f" (fastfs umount {mountpoint}) or mount on another directory"
-            )
-        raise CliError(
-            f"mountpoint {mountpoint} is already a mount point ({entry.fstype} from {entry.source}):"
-            " mount on an empty directory that is not a mount point"
-        )
     if not nonempty:
         try:
             if os.listdir(mnt):
@@ -117,6 +108,24 @@ def check_paths(source: str, mountpoint: str, nonempty: bool = False) -> tuple[s
         except OSError as e:
             raise CliError(f"mountpoint {mountpoint}: {e.strerror}") from None
     return src, mnt
+
+
+def _check_not_mounted(mountpoint: str, target: str) -> None:
+    """Raise :class:`CliError` when *target* (the mount point's path) is a mount point now."""
+    entry = find_mount(target)
+    if entry is None or entry.mountpoint != target:
+        return
+    if entry.fstype.startswith("fuse") and mount_state(entry) == "dead":
+        raise CliError(f"mountpoint {mountpoint} is a dead mount (run: fastfs umount {mountpoint})")
+    if is_fastfs(entry):
+        raise CliError(
+            f"mountpoint {mountpoint} is already a fastfs mount ({entry.source}): unmount it first"
+            f" (fastfs umount {mountpoint}) or mount on another directory"
+        )
+    raise CliError(
+        f"mountpoint {mountpoint} is already a mount point ({entry.fstype} from {entry.source}):"
+        " mount on an empty directory that is not a mount point"
+    )
 
 
 def check_fuse_device(path: str = FUSE_DEVICE) -> None:

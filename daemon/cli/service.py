@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import re
 import shutil
@@ -35,7 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from fastfs.config.loader import ConfigError, read_yaml
-from fastfs.daemon.mounttable import daemon_gone, find_mount, is_fastfs
+from fastfs.daemon.mounttable import (
+    MNT_DETACH,
+    abort_connection,
+    canonical,
+    find_mount,
+    is_fastfs,
+    mount_state,
+    umount2,
+)
 
 UNIT_NAME = "fastfs@.service"
 EXAMPLE_NAME = "fastfs.example.yaml"
@@ -57,8 +63,6 @@ ENV_FASTFS = "/usr/bin/env fastfs"
 ENV_PYTHON = "/usr/bin/env python3"
 # Unit files are world-readable configuration.
 FILE_MODE = 0o644
-# umount2 flag: detach now even while processes still hold files or a cwd inside the dead mount.
-MNT_DETACH = 2
 # FUSE mounts stack; a crash loop may have left several dead ones on the same directory.
 MAX_STACKED_MOUNTS = 16
 # Seconds to wait for fusermount3 when the process may not call umount2 itself.
@@ -302,9 +306,7 @@ def _running_instances() -> list[str]:
 
 # -- ExecStopPost cleanup ---------------------------------------------------------------------
 def _detach(path: str) -> bool:
-    libc_name = ctypes.util.find_library("c") or "libc.so.6"
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    if libc.umount2(os.fsencode(path), MNT_DETACH) == 0:
+    if umount2(path, MNT_DETACH) == 0:
         return True
     fusermount = shutil.which("fusermount3") or shutil.which("fusermount")
     if fusermount is None:
@@ -318,19 +320,25 @@ def _detach(path: str) -> bool:
 
 def canonical_mountpoint(path: str) -> str:
     """Absolute path with the parent's symlinks resolved, without touching *path* itself (it may be dead)."""
-    path = os.path.abspath(path)
-    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    return canonical(path)
 
 
 def cleanup_mountpoint(mountpoint: str) -> int:
     """Detach dead fastfs mounts on *mountpoint* (while the topmost mount there is one); returns how
-    many were detached."""
+    many were detached. A dead mount's connection is aborted first (a daemon killed while a read of a
+    hung source kept its connection open leaves readers blocked on it); live and hung mounts (their
+    daemon runs) are never touched."""
     path = canonical_mountpoint(mountpoint)
     detached = 0
     for _ in range(MAX_STACKED_MOUNTS):
-        if not is_fastfs(find_mount(path)) or not daemon_gone(path) or not _detach(path):
+        entry = find_mount(path)
+        if not is_fastfs(entry) or entry is None or mount_state(entry) != "dead":
             break
-        detached += 1
+        abort_connection(entry)  # may unmount it already (umount2 with MNT_FORCE when fusectl is absent)
+        if find_mount(path) != entry or _detach(path):
+            detached += 1
+        else:
+            break
     return detached
 
 
