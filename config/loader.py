@@ -20,14 +20,18 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import psutil
 import yaml
 
 from fastfs.config import schema
 from fastfs.config.profiles import PROFILES
 from fastfs.config.schema import Config
 from fastfs.config.values import (  # noqa: F401 - the loader's public names
+    GIB,
+    MIB,
     ConfigError,
     ConfigValueError,
+    human_size,
     one_line,
     parse_listen_address,
     parse_size,
@@ -93,6 +97,8 @@ NO_OP_OPTIONS = {
 REFUSED_OPTIONS = {
     "rw": "fastfs mounts are read-only (drop rw; ro is implied)",
 }
+# Share of the machine's memory above which a cache budget gets a warning (the job needs memory too).
+BUDGET_WARN_SHARE = 0.75
 # Environment variable holding options as -o takes them, under the command line's -o.
 ENV_OPTIONS = "FASTFS_OPTIONS"
 
@@ -424,6 +430,34 @@ def load_config(
 ) -> Config:
     """Build and validate a Config; raises :class:`ConfigError` with a one-line message."""
     return load_with_origins(path, overrides, use_default_path)[0]
+
+
+def memory_problems(config: Config, total: int | None = None) -> tuple[str | None, str | None]:
+    """(error, warning) of ``cache.budget`` against this machine's memory (*total* bytes; default:
+    psutil's). The budget is a hard bound of the daemon's cache, and the service unit protects the
+    daemon from the OOM killer: a budget above the machine's memory would have the kernel kill the job
+    reading the data instead. Above the memory: an error; above :data:`BUDGET_WARN_SHARE` of it: a
+    warning. 0 (auto) sizes itself from the available memory and is always fine."""
+    budget = config.cache.budget
+    if not budget:
+        return None, None
+    if total is None:
+        total = int(psutil.virtual_memory().total)
+    if budget > total:
+        half = total // 2
+        suggestion = f"{half // GIB}G" if half >= GIB else f"{half // MIB}M"  # as -o takes it
+        return (
+            f"cache.budget: {human_size(budget)} is more than this machine's memory ({human_size(total)}):"
+            f" the job reading the data would be killed for it; use at most half, e.g. budget={suggestion},"
+            " or 0 (auto)"
+        ), None
+    if budget > total * BUDGET_WARN_SHARE:
+        share = round(100 * budget / total)
+        return None, (
+            f"cache.budget {human_size(budget)} is {share}% of this machine's memory ({human_size(total)}):"
+            " leave room for the job that reads the data"
+        )
+    return None, None
 
 
 def replace(config: Config, **sections: Any) -> Config:

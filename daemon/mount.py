@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from fastfs.config.loader import ConfigError, load_config, one_line, parse_listen_address
+from fastfs.config.loader import ConfigError, load_config, memory_problems, one_line, parse_listen_address
 from fastfs.config.reload import apply_live
 from fastfs.config.schema import Config
 from fastfs.daemon import logsetup, notify
@@ -389,6 +389,12 @@ class Daemon:
         except ConfigError as e:
             log.error("reload failed, keeping the running configuration: %s", e)
             return []
+        error, warning = memory_problems(new)
+        if error:
+            log.error("reload failed, keeping the running configuration: %s", error)
+            return []
+        if warning:
+            log.warning("%s", warning)
         # What applies live is config/reload.py's table alone: the engine applies its part of it and
         # names every changed setting that waits for a remount; the daemon applies the rest of it here.
         restart: list[str] = []

@@ -31,6 +31,7 @@ from fastfs.config.loader import (
     environment_overrides,
     load_config,
     load_with_origins,
+    memory_problems,
     one_line,
     parse_overrides,
 )
@@ -218,6 +219,11 @@ def cmd_mount(args: argparse.Namespace) -> int:
     mountpoint = mountpoint or config.mountpoint
     if not source or not mountpoint:
         raise CliError("mount needs SRC and MNT (as arguments or as source/mountpoint in the config)")
+    error, warning = memory_problems(config)
+    if error:
+        raise CliError(error)
+    if warning:
+        print(f"fastfs: warning: {warning}", file=sys.stderr, flush=True)
     kwargs = {"config_path": config_path, "overrides": overrides, "use_default_path": True}
     with Notice(f"checking the source {source} and the mount point {mountpoint}") as notice:
         src, mnt = check_paths(source, mountpoint, nonempty=config.fuse.nonempty)

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import grp
 import os
+import signal
 from pathlib import Path
 
+import psutil
 import pytest
-from conftest import force_unmount, is_mounted, run_cli
+from conftest import force_unmount, is_mounted, mounted, run_cli, wait_for
+
+from fastfs.config.values import MIB, human_size
 
 
 @pytest.fixture
@@ -167,3 +171,30 @@ def test_allow_other_without_user_allow_other_is_told_what_to_do() -> None:
     assert _mount_as_nobody("-o", "allow_other") == expected
     assert _mount_as_nobody("--allow-other") == expected
     assert _mount_as_nobody("-o", "allow_root").startswith("allow_root: only a mount by root can grant it")
+
+
+# -- a RAM budget above the machine's memory (issue 24 item 6) ------------------------------------------
+def test_a_budget_above_the_machines_memory_is_refused(paths: tuple[Path, Path]) -> None:
+    """-o budget=1T on a 23 GiB machine mounted and reported a 1 TiB budget."""
+    src, mnt = paths
+    total = psutil.virtual_memory().total
+    budget = 2 * total // MIB * MIB
+    for extra in ([], ["--foreground"]):
+        line = _error(run_cli("mount", src, mnt, "-o", f"budget={budget}", *extra))
+        half = f"{total // 2 >> 30}G" if total // 2 >= 1 << 30 else f"{total // 2 >> 20}M"
+        assert line == (
+            f"cache.budget: {human_size(budget)} is more than this machine's memory ({human_size(total)}): the job"
+            f" reading the data would be killed for it; use at most half, e.g. budget={half}, or 0 (auto)"
+        )
+    assert not is_mounted(mnt)
+
+
+def test_a_reload_to_a_budget_above_the_machines_memory_keeps_the_running_one(paths: tuple[Path, Path]) -> None:
+    src, mnt = paths
+    with mounted(src, mnt, config_text="cache:\n  budget: 64M\n") as m:
+        config = next(p for p in Path(m.log_path).parent.iterdir() if p.suffix == ".yaml")
+        config.write_text(f"cache:\n  budget: {2 * psutil.virtual_memory().total}\n")
+        m.proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: "reload failed" in m.log()), m.log()
+        assert "more than this machine's memory" in m.log()
+        assert m.stats()["gauges"]["cache_budget"] == 64 * MIB
