@@ -41,6 +41,7 @@ from fastfs.daemon.control import (
     XATTR_MAX,
     XATTR_STATS,
     XATTR_WARM,
+    XATTR_WARM_CANCEL,
     XATTR_WARM_JOB,
     is_control_path,
 )
@@ -108,13 +109,30 @@ class Controller:
         return data if limit is None or len(data) <= limit else encode_bounded(snap, limit)
 
     # -- xattr requests -----------------------------------------------------------------------------
-    def getxattr(self, path: str, name: str, size: int | None, caller: Caller, pid: int = 0) -> bytes:
+    def getxattr(
+        self,
+        path: str,
+        name: str,
+        size: int | None,
+        caller: Caller,
+        pid: int = 0,
+        forget_pages: Callable[[], None] | None = None,
+    ) -> bytes:
         """Answer control xattr *name* of *path* for *caller*; *size* is the caller's buffer (0 or too
-        small: it will ask again). Raises OSError (ENODATA for a name not meant for this path)."""
+        small: it will ask again). *forget_pages* drops the kernel's page cache of the file (the
+        adapter's invalidation): an eviction from RAM calls it, or the next read would be served by
+        the kernel and never reach the source. Raises OSError (ENODATA for a name not meant for this
+        path)."""
         if name == XATTR_STATS:
             if path != "/":
                 raise OSError(ENOATTR, "stats are an attribute of the mount root")
             return encode_bounded(self.snapshot(caller), XATTR_MAX)
+        if name.startswith(XATTR_WARM_CANCEL):
+            try:
+                job_id = int(name[len(XATTR_WARM_CANCEL) :])
+            except ValueError:
+                raise OSError(ENOATTR, "no such warm job") from None
+            return _json(self.warms.cancel(job_id, caller))
         if name.startswith(XATTR_WARM_JOB):
             try:
                 job_id = int(name[len(XATTR_WARM_JOB) :])
@@ -135,6 +153,8 @@ class Controller:
                 data = _json({"job": self.warms.start(path, caller, disk=name == XATTR_DISK_WARM).id})
             elif name == XATTR_EVICT:
                 data = _json(self.warms.evict(path, caller))
+                if forget_pages is not None:
+                    forget_pages()
             else:
                 data = _json(self.warms.disk_evict(path, caller))
             if size is not None and len(data) > size:

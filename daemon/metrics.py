@@ -84,6 +84,11 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
         "disk_prefetched_bytes_total",
         "Bytes read ahead of any reader from the disk tier instead of the source.",
     ),
+    (
+        fstats.BYTES_EVICTED_ON_REQUEST,
+        "evicted_on_request_bytes_total",
+        "Cached bytes dropped because a user asked (fastfs warm --evict).",
+    ),
     (fstats.READ_REQUESTS, "read_requests_total", "Read requests received from the kernel."),
     (fstats.PREADS, "source_reads_total", "Reads issued to the source."),
     (fstats.PREAD_ERRORS, "source_read_errors_total", "Reads from the source that failed."),
@@ -115,9 +120,13 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
 # Labelled counter families: exported name -> (HELP, label, ((snapshot counter, label value), ...)).
 _LABELLED: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
     "fetched_bytes_total": (
-        "Bytes read from the source, by why they were read.",
+        "Bytes read from the source, by why: a reader waited (demand), read-ahead's guess (prefetch), fastfs warm.",
         "kind",
-        ((fstats.BYTES_FETCHED_DEMAND, "demand"), (fstats.BYTES_FETCHED_PREFETCH, "prefetch")),
+        (
+            (fstats.BYTES_FETCHED_DEMAND, "demand"),
+            (fstats.BYTES_FETCHED_PREFETCH, "prefetch"),
+            (fstats.BYTES_FETCHED_WARM, "warm"),
+        ),
     ),
     "opens_total": (
         "Files opened through the mount, by route: served by fastfs, passthrough to the source file, or to the "

@@ -535,7 +535,8 @@ class KernelOps:
                 path = STATS_FILE
             else:
                 path = self._node(nodeid).path
-            return self.control.getxattr(path, name, size, self._caller(request), request.pid)
+            forget = functools.partial(self._forget_pages, nodeid)  # fastfs warm --evict: the kernel's copy too
+            return self.control.getxattr(path, name, size, self._caller(request), request.pid, forget)
         if nodeid in (CONTROL_ID, STATS_ID):
             raise OSError(ENOATTR, os.strerror(ENOATTR))
         try:
@@ -544,6 +545,10 @@ class KernelOps:
             if e.errno in (errno.ENODATA, ENOATTR):
                 raise OSError(ENOATTR, os.strerror(ENOATTR)) from None
             raise
+
+    def _forget_pages(self, nodeid: int) -> None:
+        if self.session is not None and self.session.notifier is not None:
+            self.session.notifier.submit(("inode", nodeid, 0, -1))
 
     @staticmethod
     def _caller(request: Request) -> Any:

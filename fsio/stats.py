@@ -29,6 +29,8 @@ BYTES_FETCHED_PREFETCH = "bytes_fetched_prefetch"  # read from the source ahead 
 BYTES_PREFETCH_USED = "bytes_prefetch_used"  # prefetched bytes later delivered to a reader
 BYTES_PREFETCH_WASTED = "bytes_prefetch_wasted"  # prefetched bytes evicted or invalidated before any use
 BYTES_DISK_PREFETCH = "bytes_disk_prefetch"  # read ahead of any reader from the disk tier instead of the source
+BYTES_FETCHED_WARM = "bytes_fetched_warm"  # read from the source for fastfs warm (asked for, not a guess)
+BYTES_EVICTED_ON_REQUEST = "bytes_evicted_on_request"  # cached bytes dropped by fastfs warm --evict
 # Event counters.
 READ_REQUESTS = "read_requests"
 PREADS = "preads"
@@ -62,6 +64,8 @@ COUNTERS = (
     BYTES_PREFETCH_USED,
     BYTES_PREFETCH_WASTED,
     BYTES_DISK_PREFETCH,
+    BYTES_FETCHED_WARM,
+    BYTES_EVICTED_ON_REQUEST,
     READ_REQUESTS,
     PREADS,
     PREAD_ERRORS,

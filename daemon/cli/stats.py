@@ -86,6 +86,9 @@ def format_summary(snap: dict[str, Any]) -> str:
         *_route_lines(c, g),
         f"  fetched            {human_bytes(fetched(c))}: demand {human_bytes(c.get('bytes_fetched_demand', 0))},"
         f" prefetch {human_bytes(prefetched)}",
+        f"  warm               {human_bytes(c.get('bytes_fetched_warm', 0))} fetched by fastfs warm,"
+        f" {human_bytes(c.get('bytes_evicted_on_request', 0))} evicted on request (neither counts in"
+        " amplification, accuracy or wasted)",
         f"  amplification      {ratio(amplification)} (fetched / requested)",
         f"  prefetch accuracy  {pct(accuracy)}"
         f" (used {human_bytes(c.get('bytes_prefetch_used', 0))}),"
