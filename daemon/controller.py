@@ -1,8 +1,11 @@
-"""The mount's control requests (stats, warm jobs, cache reports, evictions), whatever the binding.
+"""The mount's control requests (stats, warm jobs, cache reports, evictions), apart from the protocol.
 
-The kernel adapter hands every control request (the names of :mod:`fastfs.daemon.control`) to a
-:class:`Controller` with the request's :class:`~fastfs.fsio.access.Caller`; answers are bytes, errors
-``OSError`` with the errno to answer. Nothing here knows libfuse, so a new adapter reuses it as is.
+The kernel adapter (:mod:`fastfs.daemon.ops`) hands every control request (the names of
+:mod:`fastfs.daemon.control`) to a :class:`Controller` with the request's path and
+:class:`~fastfs.fsio.access.Caller`; answers are bytes, errors ``OSError`` with the errno to answer.
+Nothing here knows the FUSE protocol (messages, node ids, replies): the adapter decodes the request
+and encodes the answer, and passes in what only it can do (dropping the kernel's page cache of a file
+for an eviction).
 
 Who sees what. The stats snapshot is complete for the mounting user (the daemon's effective uid)
 and for root. Any other caller (possible only on an ``allow_other`` mount) gets it through

@@ -13,9 +13,9 @@ The file type bits are never changed. With ``fuse.allow_other`` the kernel check
 against what is shown (``default_permissions``), so these settings also decide who may read what;
 without it only the mounting user can use the mount at all.
 
-This module is pure (no I/O) and binding-independent: :func:`translate` works on the three numbers,
-:func:`apply_attrs` on the ``st_*`` dict of the path-based adapter; an adapter calls one of them on
-every attribute reply, with the :class:`Ownership` built once at mount from the config.
+This module is pure (no I/O) and knows nothing of the protocol: :func:`translate` works on the three
+numbers; the kernel adapter calls it on every attribute reply, with the :class:`Ownership` built once
+at mount from the config.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The daemon is a thin adapter (kernel requests in, engine calls out); it codes against
 :class:`EngineAPI`, not against :class:`~fastfs.fsio.engine.Engine` and not against ``Any``, so the
 engine's parts can move behind the facade without the adapter noticing, and a test
-(tests/test_api.py) holds the real engine to this protocol: every member exists on ``Engine``, with
+(tests/unit/test_api.py) holds the real engine to this protocol: every member exists on ``Engine``, with
 the same parameters. A member belongs here when, and only when, something under ``daemon/`` uses it
 (warm jobs, which run inside the engine's package, use the engine itself).
 

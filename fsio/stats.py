@@ -2,9 +2,10 @@
 
 Design: every thread writes into its own shard (a plain list found by the thread's identifier), so
 counting takes no lock and costs one dict lookup and a list update; a snapshot sums the shards
-under the registry lock. Shards are keyed by ``threading.get_ident()`` rather than
-``threading.local``: FUSE callbacks arrive on libfuse's threads, and each callback from a foreign
-thread gets a fresh Python thread state, so a thread-local would be new on every request. Metric
+under the registry lock. Shards are keyed by ``threading.get_ident()`` in the registry rather than
+held in a ``threading.local``: a shard must outlive its thread (the session's workers are replaced
+when the watchdog abandons one, pool and warm threads come and go), or the counts of every thread
+that ended would drop out of the totals; a thread-local dies with its thread. Metric
 names are the constants below, in one place, used by the engine, the stats file, the CLI and the
 Prometheus exporter alike.
 

@@ -216,3 +216,41 @@ def test_console_scripts_and_packages_of_pyproject_exist() -> None:
     assert packages <= set(setuptools["packages"])
     for package in setuptools["packages"]:
         assert (ROOT / setuptools["package-dir"][package]).is_dir(), package
+
+
+# -- docs drift (issue 24 item 10) --------------------------------------------------------------------
+def test_paths_of_tests_named_in_the_code_exist() -> None:
+    """fsio/api.py named tests/test_api.py long after it moved to tests/unit/test_api.py."""
+    import re
+
+    missing = []
+    for path in _module_files().values():
+        for ref in re.findall(r"\btests/[\w/]+\.py\b", path.read_text(encoding="utf-8")):
+            if not (ROOT / ref).is_file():
+                missing.append(f"{path.relative_to(ROOT)}: {ref}")
+    assert missing == []
+
+
+def test_no_module_speaks_of_the_libfuse_binding_that_is_gone() -> None:
+    """The daemon speaks the kernel's protocol itself (daemon/kernel/); docstrings of the controller,
+    caller, CLI and stats still spoke of libfuse, its threads and "the binding", and logsetup configured
+    the binding's logger. libfuse may be named where it describes what daemon/kernel/ replaces, or
+    other file systems (sources made with it)."""
+    allowed = {"fastfs.fsio.disktier"}
+    offenders = []
+    for name, path in _module_files().items():
+        text = path.read_text(encoding="utf-8")
+        libfuse = "libfuse" in text and not name.startswith("fastfs.daemon.kernel") and name not in allowed
+        if libfuse or "binding" in text or 'getLogger("fuse")' in text:
+            offenders.append(name)
+    assert offenders == []
+
+
+def test_the_cli_docstring_names_every_command() -> None:
+    """daemon/cli.py's docstring listed five of eight commands."""
+    from fastfs.daemon.cli import main
+    from fastfs.daemon.cli.completion import model
+    from fastfs.daemon.cli.parser import build_parser
+
+    commands, _ = model(build_parser())
+    assert [c.name for c in commands if c.name not in (main.__doc__ or "")] == []
