@@ -17,11 +17,13 @@ mount's control channel (:mod:`fastfs.daemon.control`), to start a background wa
 progress (``user.fastfs.warm.ID`` of the mount root) until it is done. Up to ``-j`` jobs run at once
 (the daemon also bounds the jobs of one user; when it answers EAGAIN the command waits for one of
 its own to finish). The daemon warms only what the calling user could read through the mount, and
-walks directories itself. Progress on a terminal: a bar in files (the totals grow while the daemon
-lists a tree) with bytes beside it.
+walks directories itself. Progress on a terminal: a bar in files with bytes beside it, without a
+total (nor an ETA) until the daemon has listed every tree. Ctrl-C asks the daemon to cancel the
+running jobs (``user.fastfs.warm.cancel.ID``), says how far they got, and exits 130.
 
 Exit status: 0 when everything asked for is now in the cache; 1 otherwise — a file failed (an
-error, or a source read that timed out), was only partly cached (the cache budget was full),
+error, or a source read that timed out), was only partly cached (each reason said: the cache budget
+was full; for ``--disk`` also the write queue or the disk's room),
 was evicted again before the warm ended (more data than the budget), or was skipped because the
 user may not read it; also when the daemon cannot warm at all. Each reason is one line on stderr
 (at most :data:`MAX_ERRORS_SHOWN` file errors are listed), then one summary line on stdout.
