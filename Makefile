@@ -2,23 +2,25 @@
 #   make demo   - install what is missing, load a generated example directly and through fastfs, on emulated
 #                 latency-bound storage and on the local disk, print the speedups and stats
 #   make test   - install what is missing, lint, run the whole test suite (real FUSE mounts)
+#   make man    - write the fastfs(1) man page to build/man/fastfs.1
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 # Quiet installs: no progress, no "running pip as root" / version / script-location warnings.
 PIP_INSTALL ?= $(PIP) install -q --disable-pip-version-check --root-user-action=ignore --no-warn-script-location
 APT_GET ?= apt-get
 
-.PHONY: system-deps setup demo test lint bench bench-deps bench-local bench-latency bench-formats bench-stats bench-disktier bench-matrix \
-	bench-floor bench-net bench-changing clean
+.PHONY: system-deps setup demo test lint man bench bench-deps bench-local bench-latency bench-formats bench-stats bench-disktier \
+	bench-matrix bench-floor bench-net bench-changing clean
 
 # fuse3 ships fusermount3 and libfuse3 (never Debian's "fuse": it conflicts with fuse3);
-# systemd provides systemd-analyze for the unit test; gcc, pkg-config and libfuse3-dev build the libfuse
-# reference daemon of bench_floor.py and its test (libfuse3-dev depends on libfuse3-3, never on "fuse").
+# systemd provides systemd-analyze for the unit test; zsh and fish run the completion tests; gcc,
+# pkg-config and libfuse3-dev build the libfuse reference daemon of bench_floor.py and its test
+# (libfuse3-dev depends on libfuse3-3, never on "fuse").
 system-deps:
-	@command -v fusermount3 >/dev/null && command -v systemd-analyze >/dev/null && command -v gcc >/dev/null && \
-		pkg-config --exists fuse3 2>/dev/null || \
+	@command -v fusermount3 >/dev/null && command -v systemd-analyze >/dev/null && command -v zsh >/dev/null && \
+		command -v fish >/dev/null && command -v gcc >/dev/null && pkg-config --exists fuse3 2>/dev/null || \
 		{ $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq \
-			fuse3 systemd gcc pkg-config libfuse3-dev; }
+			fuse3 systemd zsh fish gcc pkg-config libfuse3-dev; }
 	@test -e /dev/fuse || { echo "fastfs: /dev/fuse is missing (load the fuse module)"; exit 1; }
 
 setup: system-deps
@@ -33,6 +35,16 @@ lint: setup
 
 test: lint
 	$(PYTHON) -m pytest -q
+
+# The fastfs(1) man page, generated from the argument parser (no install needed: the checkout is
+# imported as the package through a temporary symlink named fastfs).
+MAN_DIR ?= build/man
+man:
+	@mkdir -p $(MAN_DIR)
+	@tmp=$$(mktemp -d) && ln -s "$(CURDIR)" "$$tmp/fastfs" && \
+		PYTHONPATH="$$tmp$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) -m fastfs.daemon.cli.manpage -o $(MAN_DIR)/fastfs.1; \
+		status=$$?; rm -rf "$$tmp"; exit $$status
+	@echo "wrote $(MAN_DIR)/fastfs.1 (read it with: man -l $(MAN_DIR)/fastfs.1)"
 
 bench: bench-local bench-latency bench-formats bench-stats bench-disktier
 

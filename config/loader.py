@@ -20,9 +20,22 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import psutil
 import yaml
 
-from fastfs.config.schema import Config, ConfigValueError
+from fastfs.config import schema
+from fastfs.config.profiles import PROFILES
+from fastfs.config.schema import Config
+from fastfs.config.values import (  # noqa: F401 - the loader's public names
+    GIB,
+    MIB,
+    ConfigError,
+    ConfigValueError,
+    human_size,
+    one_line,
+    parse_listen_address,
+    parse_size,
+)
 
 DEFAULT_PATH = "/etc/fastfs/fastfs.yaml"
 
@@ -65,10 +78,30 @@ ALIASES = {
     "umask": "fuse.umask",
     "file_mode": "fuse.file_mode",
     "dir_mode": "fuse.dir_mode",
+    # the standard FUSE / mount(8) options, with their usual meaning
+    "fsname": "fuse.fsname",
+    "subtype": "fuse.subtype",
+    "default_permissions": "fuse.default_permissions",
+    "allow_root": "fuse.allow_root",
+    "noatime": "fuse.noatime",
+    "nonempty": "fuse.nonempty",
 }
+# Standard mount options that fastfs always honours (a read-only mount without devices or setuid
+# files): accepted by -o, FASTFS_OPTIONS and the mount helper, and change nothing.
+NO_OP_OPTIONS = {
+    "ro": "fastfs mounts are always read-only",
+    "nosuid": "fastfs mounts are always nosuid",
+    "nodev": "fastfs mounts are always nodev",
+}
+# Standard mount options fastfs cannot honour: (option, the one-line reason and what to do).
+REFUSED_OPTIONS = {
+    "rw": "fastfs mounts are read-only (drop rw; ro is implied)",
+}
+# Share of the machine's memory above which a cache budget gets a warning (the job needs memory too).
+BUDGET_WARN_SHARE = 0.75
+# Environment variable holding options as -o takes them, under the command line's -o.
+ENV_OPTIONS = "FASTFS_OPTIONS"
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _MODE_RE = re.compile(r"^(?:0o)?([0-7]{1,4})$", re.IGNORECASE)
@@ -76,14 +109,6 @@ _MODE_RE = re.compile(r"^(?:0o)?([0-7]{1,4})$", re.IGNORECASE)
 SUGGEST_CUTOFF = 0.6
 # Where the origin of a value set on the command line is shown as (by --print-config).
 COMMAND_LINE = "command line"
-
-
-class ConfigError(Exception):
-    """A configuration problem, with a one-line message naming the key (also as ``.key`` when known)."""
-
-    def __init__(self, message: str, key: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
@@ -107,25 +132,6 @@ def schema_keys() -> dict[str, str]:
 def option_type(key: str) -> str | None:
     """Type name of an ``-o`` key (alias or dotted), or None when it names no setting."""
     return schema_keys().get(ALIASES.get(key, key))
-
-
-def one_line(text: object) -> str:
-    """Collapse a message to one line (YAML errors span several)."""
-    return " ".join(str(text).split())
-
-
-def parse_size(value: Any, key: str) -> int:
-    """``64M``, ``4GiB``, ``1048576`` or an int -> bytes."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a size such as 512M, got {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    m = _SIZE_RE.match(str(value))
-    if not m:
-        raise ConfigError(f"{key}: expected a size such as 512M or 4G, got {value!r}")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
 def parse_mode(value: Any, key: str) -> int:
@@ -214,18 +220,18 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
 
 
 def _section_class(type_name: Any) -> type | None:
-    from fastfs.config import schema
-
     obj = getattr(schema, str(type_name), None)
     return obj if isinstance(obj, type) and dataclasses.is_dataclass(obj) else None
 
 
-def parse_overrides(items: list[str] | str | None) -> dict[str, str]:
+def parse_overrides(items: list[str] | str | None, where: str = "-o") -> dict[str, str]:
     """``["budget=2G,workers=8", "log.level=debug"]`` -> ``{"cache.budget": "2G", ...}``.
 
-    ``NAME`` alone means ``NAME=true`` and ``noNAME`` ``NAME=false``, for boolean settings only. An
-    option that names no setting (the closest is suggested) or a non-boolean one without a value is
-    a :class:`ConfigError`; values are checked by :func:`load_config`.
+    ``NAME`` alone means ``NAME=true`` and ``noNAME`` ``NAME=false``, for boolean settings only. The
+    standard mount options are accepted with their usual meaning (:data:`NO_OP_OPTIONS` change
+    nothing, :data:`REFUSED_OPTIONS` are errors). An option that names no setting (the closest is
+    suggested) or a non-boolean one without a value is a :class:`ConfigError` starting with *where*
+    (``-o`` or ``FASTFS_OPTIONS``); values are checked by :func:`load_config`.
     """
     if not items:
         return {}
@@ -240,18 +246,29 @@ def parse_overrides(items: list[str] | str | None) -> dict[str, str]:
                 continue
             key, sep, value = part.partition("=")
             key = key.strip()
+            if key in REFUSED_OPTIONS:
+                raise ConfigError(f"{where} {key}: {REFUSED_OPTIONS[key]}", key)
+            if key in NO_OP_OPTIONS and not sep:
+                continue
             if not sep and key.startswith("no") and key != "no_open" and option_type(key[2:]) == "bool":
                 key, value, sep = key[2:], "false", "="
             dotted = ALIASES.get(key, key)
             type_name = keys.get(dotted)
             if type_name is None:
-                raise ConfigError(f"-o {part}: unknown option{did_you_mean(key, [*ALIASES, *keys])}", dotted)
+                hint = did_you_mean(key, [*ALIASES, *keys, *NO_OP_OPTIONS])
+                raise ConfigError(f"{where} {part}: unknown option{hint}", dotted)
             if not sep:
                 if type_name != "bool":
-                    raise ConfigError(f"-o {key}: missing a value (write {key}=VALUE)", dotted)
+                    raise ConfigError(f"{where} {key}: missing a value (write {key}=VALUE)", dotted)
                 value = "true"
             result[dotted] = value.strip()
     return result
+
+
+def environment_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The options of ``$FASTFS_OPTIONS`` (the syntax of ``-o``), as :func:`parse_overrides` returns them."""
+    text = (os.environ if environ is None else environ).get(ENV_OPTIONS, "")
+    return parse_overrides(text, ENV_OPTIONS) if text.strip() else {}
 
 
 def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -297,12 +314,25 @@ def _parse_yaml(text: str, path: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(one_line(f"config file {path}: invalid YAML: {e}")) from None
+        raise ConfigError(yaml_error_line(path, e)) from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"config file {path}: top level must be a mapping of sections")
     return dict(data)
+
+
+def yaml_error_line(path: str, error: yaml.YAMLError) -> str:
+    """One line ``FILE:LINE: invalid YAML: problem (context from line N): ...`` for a parser error."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None)
+    if mark is None or not problem:
+        return one_line(f"config file {path}: invalid YAML: {error}; correct its syntax")
+    context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
+    where = ""
+    if context:
+        where = f" ({context}" + (f" from line {context_mark.line + 1}" if context_mark is not None else "") + ")"
+    return one_line(f"{path}:{mark.line + 1}: invalid YAML: {problem}{where}; correct the syntax at that line")
 
 
 def read_yaml(path: str) -> dict[str, Any]:
@@ -348,8 +378,6 @@ def _read_file(path: str) -> tuple[dict[str, Any], dict[str, tuple[int, str | No
 
 def _apply_profile(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """*data* over the settings of the profile it names (if any); returns it and the profile name."""
-    from fastfs.config.profiles import PROFILES
-
     name = data.get("profile")
     if name is None or name == "":
         return data, None
@@ -364,9 +392,11 @@ def load_with_origins(
     path: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     use_default_path: bool = True,
+    override_origins: Mapping[str, str] | None = None,
 ) -> tuple[Config, dict[str, str]]:
     """:func:`load_config` plus where each value not left at its default came from:
-    ``{dotted key: "profile NAME: why" | "FILE:LINE" | "command line"}``."""
+    ``{dotted key: "profile NAME: why" | "FILE:LINE" | "command line"}`` (an override's origin is
+    ``override_origins[key]`` when given, e.g. ``FASTFS_OPTIONS``)."""
     data: dict[str, Any] = {}
     positions: dict[str, tuple[int, str | None]] = {}
     file = path or (DEFAULT_PATH if use_default_path and os.path.isfile(DEFAULT_PATH) else None)
@@ -386,12 +416,10 @@ def load_with_origins(
         raise ConfigError(message, key) from None
     origins: dict[str, str] = {}
     if profile is not None:
-        from fastfs.config.profiles import PROFILES
-
         origins.update({k: f"profile {profile}: {why}" for k, why in PROFILES[profile].reasons().items()})
     keys = schema_keys()
     origins.update({k: f"{file}:{line}" for k, (line, _) in positions.items() if k in keys})
-    origins.update({k: COMMAND_LINE for k in overridden})
+    origins.update({k: (override_origins or {}).get(k, COMMAND_LINE) for k in overridden})
     return config, origins
 
 
@@ -404,17 +432,32 @@ def load_config(
     return load_with_origins(path, overrides, use_default_path)[0]
 
 
-def parse_listen_address(text: str, key: str = "stats.metrics") -> tuple[str, int]:
-    """``9100`` / ``:9100`` / ``0.0.0.0:9100`` / ``[::1]:9100`` -> (host, port); loopback by default."""
-    host, _, port_text = str(text).strip().rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ConfigValueError(f"{key}: expected [HOST:]PORT, got {text!r}") from None
-    if not 0 < port < 65536:
-        raise ConfigValueError(f"{key}: port must be between 1 and 65535, got {port}")
-    return host, port
+def memory_problems(config: Config, total: int | None = None) -> tuple[str | None, str | None]:
+    """(error, warning) of ``cache.budget`` against this machine's memory (*total* bytes; default:
+    psutil's). The budget is a hard bound of the daemon's cache, and the service unit protects the
+    daemon from the OOM killer: a budget above the machine's memory would have the kernel kill the job
+    reading the data instead. Above the memory: an error; above :data:`BUDGET_WARN_SHARE` of it: a
+    warning. 0 (auto) sizes itself from the available memory and is always fine."""
+    budget = config.cache.budget
+    if not budget:
+        return None, None
+    if total is None:
+        total = int(psutil.virtual_memory().total)
+    if budget > total:
+        half = total // 2
+        suggestion = f"{half // GIB}G" if half >= GIB else f"{half // MIB}M"  # as -o takes it
+        return (
+            f"cache.budget: {human_size(budget)} is more than this machine's memory ({human_size(total)}):"
+            f" the job reading the data would be killed for it; use at most half, e.g. budget={suggestion},"
+            " or 0 (auto)"
+        ), None
+    if budget > total * BUDGET_WARN_SHARE:
+        share = round(100 * budget / total)
+        return None, (
+            f"cache.budget {human_size(budget)} is {share}% of this machine's memory ({human_size(total)}):"
+            " leave room for the job that reads the data"
+        )
+    return None, None
 
 
 def replace(config: Config, **sections: Any) -> Config:

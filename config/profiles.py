@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from fastfs.config.schema import GIB, MIB
+from fastfs.config.values import GIB, MIB
 
 # Share of available memory and cap of the checkpoint profile's cache budget: checkpoints are large and
 # loaded one or a few at a time, so the cache may take more than the default quarter (up to 4 GiB).

@@ -11,11 +11,20 @@ numeric ids or user / group names, resolved at load.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
-KIB = 1024
-MIB = 1024 * KIB
-GIB = 1024 * MIB
+from fastfs.config.profiles import PROFILES
+from fastfs.config.values import (
+    GIB,
+    KIB,
+    MIB,
+    ConfigError,
+    ConfigValueError,
+    human_size,
+    parse_listen_address,
+    parse_size,
+)
 
 # Default cache budget: a quarter of available memory leaves the rest to the training job.
 DEFAULT_BUDGET_FRACTION = 0.25
@@ -37,22 +46,6 @@ Gid = int
 MIN_DISK_BUDGET = 64 * MIB
 # Largest free-space floor share: a floor above this would leave the tier (almost) nothing.
 MAX_DISK_FLOOR_SHARE = 0.9
-
-
-class ConfigValueError(ValueError):
-    """A value out of range; the message names the key (``section.field: why``), also as ``.key``."""
-
-    def __init__(self, message: str, key: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
-
-
-def human_size(n: int) -> str:
-    """16777216 -> '16 MiB' (whole units where exact, else one decimal), for messages."""
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
-        if abs(n) >= size:
-            return f"{n // size} {unit}" if n % size == 0 else f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def _check(cond: bool, key: str, why: str) -> None:
@@ -79,14 +72,16 @@ def parse_amount(value: object, key: str) -> Amount:
         if not 0 <= pct <= 100:  # also rejects nan
             raise ConfigValueError(f"{key}: expected a share between 0% and 100%, got {value!r}")
         return Amount(share=pct / 100)
-    from fastfs.config.loader import ConfigError, parse_size
-
     try:
         return Amount(bytes=parse_size(text, key))
     except ConfigError as e:
         raise ConfigValueError(f"{key}: expected a size such as 100G or a share such as 50%, got {value!r}") from e
 
 
+# fuse.fsname: what the kernel keeps in the mount table's source field (no separators of mount options).
+FSNAME_RE = re.compile(r"[^\s,\\]+")
+# fuse.subtype: the part of the type "fuse.SUBTYPE" after the dot.
+SUBTYPE_RE = re.compile(r"[A-Za-z0-9_.-]+")
 # Values of fuse.passthrough (see its docstring).
 PASSTHROUGH_MODES = ("auto", "on", "off")
 
@@ -136,8 +131,33 @@ class FuseConfig:
     readdirplus: bool = True
     """Answer directory listings with attributes when the kernel asks for them (saves a lookup per
     entry of a tree walk)."""
+    fsname: str = ""
+    """Source field of the mount table (/proc/mounts, df); empty: fastfs:SRC."""
+    subtype: str = "fastfs"
+    """The mount's type is fuse.SUBTYPE; fastfs's commands know a mount of another subtype by the
+    record the daemon keeps in its runtime directory."""
+    default_permissions: bool = False
+    """The kernel checks the shown mode bits against every caller, also the mounting user (always on
+    with allow_other)."""
+    allow_root: bool = False
+    """Let root in besides the mounting user. A mount made by root already is: accepted there and
+    changes nothing; other users need allow_other (which includes root)."""
+    noatime: bool = False
+    """Mount with noatime (shown in /proc/mounts); fastfs never updates access times either way."""
+    nonempty: bool = False
+    """Allow mounting over a non-empty directory (its files are hidden while mounted)."""
 
     def validate(self) -> None:
+        _check(
+            bool(FSNAME_RE.fullmatch(self.fsname)) or not self.fsname,
+            "fuse.fsname",
+            "must be printable, without spaces or commas",
+        )
+        _check(
+            bool(SUBTYPE_RE.fullmatch(self.subtype)),
+            "fuse.subtype",
+            "must be letters, digits, '.', '_' or '-' (the mount's type is fuse.SUBTYPE)",
+        )
         for name in ("uid", "gid"):
             _check(-1 <= getattr(self, name) <= MAX_ID, f"fuse.{name}", f"must be -1 (as the source) or 0..{MAX_ID}")
         for name in ("file_mode", "dir_mode"):
@@ -285,8 +305,6 @@ class StatsConfig:
     def validate(self) -> None:
         _check(0.5 <= self.status_interval <= 3600, "stats.status_interval", "must be between 0.5 and 3600")
         if self.metrics:
-            from fastfs.config.loader import parse_listen_address
-
             parse_listen_address(self.metrics, "stats.metrics")
 
 
@@ -327,7 +345,5 @@ class Config:
             if dataclasses.is_dataclass(value):
                 value.validate()
         if self.profile:
-            from fastfs.config.profiles import PROFILES
-
             _check(self.profile in PROFILES, "profile", f"must be one of {', '.join(PROFILES)}")
         _check(self.readahead.max_window <= 1 * GIB, "readahead.max_window", "must be <= 1G")

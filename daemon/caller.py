@@ -1,4 +1,4 @@
-"""The caller of a kernel request as a :class:`~fastfs.fsio.access.Caller`, whatever the binding.
+"""The caller of a kernel request as a :class:`~fastfs.fsio.access.Caller`.
 
 A FUSE request carries the caller's uid, gid and pid (thread id) but not its supplementary groups;
 those are read from ``/proc/<pid>/status`` (the ``Groups:`` line). When that fails (the process

@@ -12,6 +12,7 @@ A fastfs mount answers a few reserved names besides the source's own files:
   - ``user.fastfs.warm`` on a file or directory: start a background warm of it as the caller and
     answer at once with ``{"job": ID}``;
   - ``user.fastfs.warm.ID`` on the mount root: progress of warm job ID (only its caller and root);
+  - ``user.fastfs.warm.cancel.ID`` on the mount root: stop warm job ID and answer its report;
   - ``user.fastfs.cached`` on a file: how much of it is in the RAM cache now (fetches nothing);
   - ``user.fastfs.evict`` on a file: drop its cached blocks, answer how many bytes were dropped;
   - ``user.fastfs.disk.warm``, ``user.fastfs.disk.cached``, ``user.fastfs.disk.evict``: the same three
@@ -35,6 +36,7 @@ STATS_FILE = STATS_DIR + "/" + STATS_NAME
 XATTR_STATS = "user.fastfs.stats"
 XATTR_WARM = "user.fastfs.warm"
 XATTR_WARM_JOB = XATTR_WARM + "."  # followed by the job id
+XATTR_WARM_CANCEL = XATTR_WARM + ".cancel."  # followed by the job id
 XATTR_CACHED = "user.fastfs.cached"
 XATTR_EVICT = "user.fastfs.evict"
 XATTR_DISK_WARM = "user.fastfs.disk.warm"
@@ -55,3 +57,8 @@ def is_control_path(path: str) -> bool:
 def warm_job_xattr(job: int) -> str:
     """The xattr name reporting the progress of warm job *job*."""
     return f"{XATTR_WARM_JOB}{job}"
+
+
+def warm_cancel_xattr(job: int) -> str:
+    """The xattr name that stops warm job *job*."""
+    return f"{XATTR_WARM_CANCEL}{job}"

@@ -1,8 +1,11 @@
-"""The mount's control requests (stats, warm jobs, cache reports, evictions), whatever the binding.
+"""The mount's control requests (stats, warm jobs, cache reports, evictions), apart from the protocol.
 
-The kernel adapter hands every control request (the names of :mod:`fastfs.daemon.control`) to a
-:class:`Controller` with the request's :class:`~fastfs.fsio.access.Caller`; answers are bytes, errors
-``OSError`` with the errno to answer. Nothing here knows libfuse, so a new adapter reuses it as is.
+The kernel adapter (:mod:`fastfs.daemon.ops`) hands every control request (the names of
+:mod:`fastfs.daemon.control`) to a :class:`Controller` with the request's path and
+:class:`~fastfs.fsio.access.Caller`; answers are bytes, errors ``OSError`` with the errno to answer.
+Nothing here knows the FUSE protocol (messages, node ids, replies): the adapter decodes the request
+and encodes the answer, and passes in what only it can do (dropping the kernel's page cache of a file
+for an eviction).
 
 Who sees what. The stats snapshot is complete for the mounting user (the daemon's effective uid)
 and for root. Any other caller (possible only on an ``allow_other`` mount) gets it through
@@ -41,6 +44,7 @@ from fastfs.daemon.control import (
     XATTR_MAX,
     XATTR_STATS,
     XATTR_WARM,
+    XATTR_WARM_CANCEL,
     XATTR_WARM_JOB,
     is_control_path,
 )
@@ -108,13 +112,30 @@ class Controller:
         return data if limit is None or len(data) <= limit else encode_bounded(snap, limit)
 
     # -- xattr requests -----------------------------------------------------------------------------
-    def getxattr(self, path: str, name: str, size: int | None, caller: Caller, pid: int = 0) -> bytes:
+    def getxattr(
+        self,
+        path: str,
+        name: str,
+        size: int | None,
+        caller: Caller,
+        pid: int = 0,
+        forget_pages: Callable[[], None] | None = None,
+    ) -> bytes:
         """Answer control xattr *name* of *path* for *caller*; *size* is the caller's buffer (0 or too
-        small: it will ask again). Raises OSError (ENODATA for a name not meant for this path)."""
+        small: it will ask again). *forget_pages* drops the kernel's page cache of the file (the
+        adapter's invalidation): an eviction from RAM calls it, or the next read would be served by
+        the kernel and never reach the source. Raises OSError (ENODATA for a name not meant for this
+        path)."""
         if name == XATTR_STATS:
             if path != "/":
                 raise OSError(ENOATTR, "stats are an attribute of the mount root")
             return encode_bounded(self.snapshot(caller), XATTR_MAX)
+        if name.startswith(XATTR_WARM_CANCEL):
+            try:
+                job_id = int(name[len(XATTR_WARM_CANCEL) :])
+            except ValueError:
+                raise OSError(ENOATTR, "no such warm job") from None
+            return _json(self.warms.cancel(job_id, caller))
         if name.startswith(XATTR_WARM_JOB):
             try:
                 job_id = int(name[len(XATTR_WARM_JOB) :])
@@ -135,6 +156,8 @@ class Controller:
                 data = _json({"job": self.warms.start(path, caller, disk=name == XATTR_DISK_WARM).id})
             elif name == XATTR_EVICT:
                 data = _json(self.warms.evict(path, caller))
+                if forget_pages is not None:
+                    forget_pages()
             else:
                 data = _json(self.warms.disk_evict(path, caller))
             if size is not None and len(data) > size:

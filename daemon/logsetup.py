@@ -3,7 +3,13 @@
 Under systemd (``JOURNAL_STREAM`` or ``INVOCATION_ID`` set) lines go to stderr without timestamps
 and carry ``<N>`` syslog priority prefixes, which journald turns into priorities. Otherwise lines
 are timestamped. ``file`` sends them to a file instead (appended; the directory must exist).
-The binding's own logger is held at WARNING: it would otherwise log every failed request.
+
+Log rotation. SIGUSR2 makes the daemon call :func:`reopen`: the log file is opened again by name,
+so after logrotate moved it (``postrotate``: ``kill -USR2 PID``) new lines go to a new file. A
+background daemon logs through its stdout and stderr (pointed at its log file when it forked, so
+that even a crash's last words land there); :func:`log_std_streams_to` names that file and
+:func:`reopen` points both descriptors at it again. ``copytruncate`` works without a signal, as
+the file is opened with ``O_APPEND``.
 
 Log files. A background daemon without ``log.file`` / ``--log-file`` logs to
 :func:`default_log_file`: one file per mount point (its basename plus a hash of its real path, so
@@ -24,6 +30,7 @@ import logging
 import os
 import stat
 import sys
+from typing import Any
 
 # Syslog priorities journald reads from a "<N>" line prefix.
 SYSLOG_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
@@ -110,6 +117,55 @@ def under_systemd() -> bool:
     return bool(os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"))
 
 
+class _ReopenableHandler(logging.StreamHandler):
+    """A handler writing to a log file that :func:`reopen` can replace (logrotate moved the file)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(self._open())
+
+    def _open(self) -> Any:
+        return open(open_log_file(self.path), "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - owned here
+
+    def reopen(self) -> None:
+        stream = self._open()  # first, so a failure keeps the old file
+        with self.lock:  # type: ignore[union-attr]  # created by Handler.__init__
+            old, self.stream = self.stream, stream
+        old.close()
+
+
+# The file behind this process's stdout and stderr (a background daemon's log), for reopen().
+_std_streams_file: list[tuple[str, bool]] = []
+
+
+def log_std_streams_to(path: str, default: bool = False) -> None:
+    """Remember that stdout and stderr were pointed at log file *path* (*default*: a default log
+    file, checked as :func:`open_log_file` does), so :func:`reopen` points them at it again."""
+    _std_streams_file[:] = [(path, default)]
+
+
+def reopen() -> list[str]:
+    """Reopen the log files (SIGUSR2, after logrotate moved them): the ``fastfs`` logger's file and
+    the file behind stdout/stderr; returns their paths. Raises LogFileError when one cannot be opened
+    (the old one is then kept)."""
+    done = []
+    for handler in logging.getLogger(ROOT).handlers:
+        if isinstance(handler, _ReopenableHandler):
+            handler.reopen()
+            done.append(handler.path)
+    for path, default in _std_streams_file:
+        fd = open_log_file(path, default=default)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+        finally:
+            os.close(fd)
+        done.append(path)
+    return done
+
+
 def setup(level: str = "info", file: str | None = None, journal: bool | None = None) -> logging.Logger:
     """Configure the ``fastfs`` logger; safe to call again (replaces its handlers).
 
@@ -120,8 +176,7 @@ def setup(level: str = "info", file: str | None = None, journal: bool | None = N
         logger.removeHandler(handler)
         handler.close()
     if file:
-        stream = open(open_log_file(file), "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - owned by the handler
-        handler: logging.Handler = logging.StreamHandler(stream)
+        handler: logging.Handler = _ReopenableHandler(file)
     else:
         handler = logging.StreamHandler(sys.stderr)
     if journal is None:
@@ -133,10 +188,6 @@ def setup(level: str = "info", file: str | None = None, journal: bool | None = N
     logger.addHandler(handler)
     logger.propagate = False
     set_level(level)
-    binding = logging.getLogger("fuse")
-    binding.setLevel(logging.WARNING)
-    binding.handlers = [handler]
-    binding.propagate = False
     return logger
 
 

@@ -1,38 +1,52 @@
-"""Prometheus ``/metrics`` endpoint of one mount.
+"""Prometheus ``/metrics`` and ``/healthz`` endpoint of one mount.
 
 Design: nothing is counted twice. The engine already keeps every counter (see
 :mod:`fastfs.fsio.stats`), so the exporter holds no metric objects of its own: a custom collector
-calls the engine's ``snapshot()`` on each scrape and translates that dict into metric families with
-conventional names (``fastfs_*_total`` counters, ``_bytes`` / ``_seconds`` units, one ``mount``
-label on every sample). A scrape therefore costs one snapshot (summing the per-thread shards), and
-the read path pays nothing for the exporter whether or not anyone scrapes.
+calls the engine's ``snapshot()`` on each scrape and translates that dict into metric families. A
+scrape therefore costs one snapshot (summing the per-thread shards), and the read path pays nothing
+for the exporter whether or not anyone scrapes.
+
+Names follow the Prometheus conventions, and ``tests/mount/test_metrics.py`` checks them on a real
+scrape: the ``fastfs_`` prefix, base units as suffixes (``_bytes``, ``_seconds``), ``_total`` on
+every counter and on nothing else, ``_ratio`` on shares between 0 and 1, one HELP text per family
+that says what is counted, and labels for the dimensions of one quantity (``kind`` of fetched bytes,
+``route`` of opens, ``pattern``, ``errno``, ``reason``). Every counter and gauge of the snapshot is
+in one of the tables below; a key the engine adds later is not exported until it is named here (it
+is logged once), because a made-up name and HELP text would become an interface by accident. The
+``mount`` label on every sample tells the mounts of one host apart; Prometheus adds ``instance`` to
+tell hosts apart.
 
 The endpoint uses its own :class:`~prometheus_client.CollectorRegistry` (never the process-global
-one) holding this collector plus the standard process collector (RSS, open fds, CPU), and the
-HTTP server of prometheus-client in a daemon thread. :func:`serve` returns a small handle whose
-``shutdown()`` stops the thread and closes the listening socket. The listen address comes from
-``stats.metrics`` through :func:`fastfs.config.loader.parse_listen_address`, which defaults to
-loopback: the numbers reveal file names only through the daemon's logs, but there is no reason to
-expose them beyond the host unless asked.
+one) holding this collector plus the standard process collector (RSS, open fds, CPU), served by a
+small threading HTTP server in a daemon thread: ``GET /metrics`` is the exposition (text, or
+OpenMetrics when asked for; gzip when accepted), ``GET /healthz`` the mount's health
+(:mod:`fastfs.daemon.health`: 200 or 503 with a short text body), anything else 404.
+:func:`serve` returns a handle whose ``shutdown()`` stops the thread and closes the socket. The
+listen address comes from ``stats.metrics`` through :func:`fastfs.config.loader.parse_listen_address`,
+which defaults to loopback: the numbers reveal file names only through the daemon's logs, but there
+is no reason to expose them beyond the host unless asked.
 """
 
 from __future__ import annotations
 
+import gzip
+import http.server
 import logging
 import math
-import re
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from fastfs import __version__
 from fastfs.fsio import stats as fstats
-from fastfs.fsio.disk import store as fdisk
 
 log = logging.getLogger(__name__)
 
@@ -40,79 +54,158 @@ PREFIX = "fastfs_"
 LABEL = "mount"
 # Seconds shutdown() waits for the server thread; serve_forever polls every 0.5 s, so 5 s is ample.
 SHUTDOWN_JOIN_TIMEOUT = 5.0
+# Paths of the listener.
+METRICS_PATH = "/metrics"
+HEALTH_PATH = "/healthz"
 
 Snapshot = Mapping[str, Any]
 
-# Plain counters: (snapshot counter name, exported name without _total, help text).
+# The disk tier's snapshot keys (fsio's disk store names them; written out here so the exporter does
+# not depend on the store's module layout; the real-scrape test catches a key renamed there).
+DISK_HITS, DISK_HIT_BYTES, DISK_MISSES = "disk_hits", "disk_hit_bytes", "disk_misses"
+DISK_WRITES, DISK_BYTES_WRITTEN, DISK_WRITE_ERRORS = "disk_writes", "disk_bytes_written", "disk_write_errors"
+DISK_WRITES_DROPPED, DISK_WRITES_NO_ROOM = "disk_writes_dropped", "disk_writes_no_room"
+DISK_WRITES_SKIPPED = "disk_writes_skipped"
+DISK_EVICTIONS, DISK_EVICTED_BYTES, DISK_CORRUPT = "disk_evictions", "disk_evicted_bytes", "disk_corrupt_dropped"
+DISK_VERIFIED, DISK_COMPLETE_FDS, DISK_CLEARED = "disk_verified_files", "disk_complete_fds", "disk_cleared"
+
+# Counters without labels: (snapshot counter, exported name (ends in _total), HELP).
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
-    (fstats.BYTES_REQUESTED, "bytes_requested", "Bytes applications asked to read through the mount."),
-    (fstats.BYTES_SERVED_CACHE, "bytes_served_from_cache", "Requested bytes copied from RAM blocks already present."),
-    (fstats.BYTES_PREFETCH_USED, "prefetch_used_bytes", "Prefetched bytes later delivered to a reader."),
-    (fstats.BYTES_PREFETCH_WASTED, "prefetch_wasted_bytes", "Prefetched bytes evicted or invalidated before any use."),
-    (fstats.READ_REQUESTS, "read_requests", "Read requests received from the kernel."),
-    (fstats.PREADS, "preads", "Reads issued to the source."),
-    (fstats.PREAD_ERRORS, "pread_errors", "Reads from the source that failed."),
-    (fstats.EVICTIONS, "evictions", "Cache blocks evicted to stay within the budget."),
-    (fstats.BACKPRESSURE, "prefetch_declined", "Prefetches refused because the cache budget was full."),
-    (fstats.SEQ_RESETS, "sequential_resets", "Sequential streams that collapsed on a seek."),
-    (fstats.SCAN_FILES, "small_file_scan_files", "Files fetched whole by small-file scans."),
-    (fstats.LEARNED_FILES_USED, "learned_files_used", "Files of replayed learned access sets that were then read."),
-    (fstats.OPENS, "opens", "Files opened through the mount and served by fastfs."),
-    (fstats.OPENS_PASSTHROUGH, "opens_passthrough", "Files opened by passthrough to the source file."),
-    (fstats.BYTES_PASSTHROUGH_OPENED, "passthrough_opened_bytes", "Sizes of the files opened by passthrough."),
+    (fstats.BYTES_REQUESTED, "requested_bytes_total", "Bytes read through the mount by applications (served opens)."),
+    (fstats.BYTES_SERVED_CACHE, "cache_hit_bytes_total", "Requested bytes answered from RAM blocks already present."),
+    (fstats.BYTES_PREFETCH_USED, "prefetch_used_bytes_total", "Prefetched bytes later delivered to a reader."),
+    (
+        fstats.BYTES_PREFETCH_WASTED,
+        "prefetch_wasted_bytes_total",
+        "Prefetched bytes evicted or invalidated before any use.",
+    ),
+    (
+        fstats.BYTES_DISK_PREFETCH,
+        "disk_prefetched_bytes_total",
+        "Bytes read ahead of any reader from the disk tier instead of the source.",
+    ),
+    (
+        fstats.BYTES_EVICTED_ON_REQUEST,
+        "evicted_on_request_bytes_total",
+        "Cached bytes dropped because a user asked (fastfs warm --evict).",
+    ),
+    (fstats.READ_REQUESTS, "read_requests_total", "Read requests received from the kernel."),
+    (fstats.PREADS, "source_reads_total", "Reads issued to the source."),
+    (fstats.PREAD_ERRORS, "source_read_errors_total", "Reads from the source that failed."),
+    (fstats.EVICTIONS, "cache_evictions_total", "RAM cache blocks evicted to stay within the budget."),
+    (fstats.BACKPRESSURE, "prefetch_declined_total", "Prefetches refused because the cache budget was full."),
+    (fstats.SEQ_RESETS, "sequential_resets_total", "Sequential streams that collapsed on a seek."),
+    (fstats.SCAN_FILES, "scan_files_total", "Files fetched whole by small-file scans."),
+    (fstats.LEARNED_FILES_USED, "learned_files_used_total", "Files of replayed learned access sets later read."),
     (
         fstats.BYTES_PASSTHROUGH_WARMED,
-        "passthrough_warmed_bytes",
+        "passthrough_warmed_bytes_total",
         "Bytes of passthrough files asked into the source's page cache ahead of the reader.",
     ),
-    (fstats.TIMEOUTS, "read_timeouts", "Reads that failed because the source did not answer within read_timeout."),
-    (fstats.FAST_FAILS, "reads_failed_fast", "Reads failed at once because earlier reads of the file were stuck."),
+    (fstats.TIMEOUTS, "read_timeouts_total", "Reads that failed: the source did not answer within read_timeout."),
+    (fstats.FAST_FAILS, "reads_failed_fast_total", "Reads failed at once because earlier reads of the file hung."),
     # the disk cache tier (cache.disk_dir): present only on mounts that have one
-    (fdisk.HITS, "disk_hits", "Block fills and scan fetches served from the disk tier."),
-    (fdisk.HIT_BYTES, "disk_hit_bytes", "Bytes read from the disk tier instead of the source."),
-    (fdisk.MISSES, "disk_misses", "Disk tier reads of ranges it did not hold."),
-    (fdisk.WRITES, "disk_writes", "Writes of fetched data to the disk tier."),
-    (fdisk.BYTES_WRITTEN, "disk_written_bytes", "Bytes written to the disk tier."),
-    (fdisk.WRITES_DROPPED, "disk_writes_dropped", "Writes to the disk tier dropped: its write queue was full."),
-    (fdisk.WRITES_NO_ROOM, "disk_writes_no_room", "Writes to the disk tier not made: budget or free-space floor."),
-    (fdisk.WRITE_ERRORS, "disk_write_errors", "Writes to the disk tier that failed with an OS error."),
-    (fdisk.EVICTIONS, "disk_evictions", "Files evicted from the disk tier (LRU, budget, free-space floor)."),
-    (fdisk.EVICTED_BYTES, "disk_evicted_bytes", "Bytes evicted from the disk tier."),
-    (fdisk.CORRUPT, "disk_corrupt_entries", "Disk tier entries dropped because a check failed (never served)."),
-    (fstats.OPENS_DISK, "opens_disk", "Files opened by passthrough to their complete file in the disk tier."),
-    (fstats.BYTES_DISK_OPENED, "disk_opened_bytes", "Sizes of the files opened by passthrough to the disk tier."),
+    (DISK_HITS, "disk_hits_total", "Block fills and scan fetches served from the disk tier."),
+    (DISK_HIT_BYTES, "disk_hit_bytes_total", "Bytes read from the disk tier instead of the source."),
+    (DISK_MISSES, "disk_misses_total", "Disk tier reads of ranges it did not hold."),
+    (DISK_WRITES, "disk_writes_total", "Writes of fetched data to the disk tier."),
+    (DISK_BYTES_WRITTEN, "disk_written_bytes_total", "Bytes written to the disk tier."),
+    (DISK_WRITE_ERRORS, "disk_write_errors_total", "Writes to the disk tier that failed with an OS error."),
+    (DISK_EVICTIONS, "disk_evictions_total", "Files evicted from the disk tier (LRU, budget, free-space floor)."),
+    (DISK_EVICTED_BYTES, "disk_evicted_bytes_total", "Bytes evicted from the disk tier."),
+    (DISK_CORRUPT, "disk_corrupt_entries_total", "Disk tier entries dropped because a check failed (never served)."),
+    (DISK_VERIFIED, "disk_verified_files_total", "Complete disk tier files read back and verified before an open."),
+    (DISK_COMPLETE_FDS, "disk_backing_files_total", "Disk tier files handed to the kernel as passthrough backing."),
 )
-# Source bytes by why they were read: fastfs_bytes_fetched_total{kind=...}.
-_FETCHED_KINDS: tuple[tuple[str, str], ...] = (
-    (fstats.BYTES_FETCHED_DEMAND, "demand"),
-    (fstats.BYTES_FETCHED_PREFETCH, "prefetch"),
-)
-# Access patterns recognised: fastfs_patterns_total{pattern=...}.
-_PATTERNS: tuple[tuple[str, str], ...] = (
-    (fstats.SEQ_STREAMS, "sequential"),
-    (fstats.RANDOM_STREAMS, "random"),
-    (fstats.SCANS, "small_file_scan"),
-    (fstats.FORMAT_PLANS, "format"),
-    (fstats.MMAP_STREAMS, "mmap"),
-    (fstats.LEARNED_PLANS, "learned"),
-    (fstats.LEARNED_WHOLE, "learned_whole_file"),
-)
-# Gauges: (snapshot gauges key, exported name, help text).
+# Labelled counter families: exported name -> (HELP, label, ((snapshot counter, label value), ...)).
+_LABELLED: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
+    "fetched_bytes_total": (
+        "Bytes read from the source, by why: a reader waited (demand), read-ahead's guess (prefetch), fastfs warm.",
+        "kind",
+        (
+            (fstats.BYTES_FETCHED_DEMAND, "demand"),
+            (fstats.BYTES_FETCHED_PREFETCH, "prefetch"),
+            (fstats.BYTES_FETCHED_WARM, "warm"),
+        ),
+    ),
+    "opens_total": (
+        "Files opened through the mount, by route: served by fastfs, passthrough to the source file, or to the "
+        "disk tier's copy.",
+        "route",
+        ((fstats.OPENS, "served"), (fstats.OPENS_PASSTHROUGH, "passthrough"), (fstats.OPENS_DISK, "disk")),
+    ),
+    "opened_file_bytes_total": (
+        "Sizes of the files opened by passthrough (their reads never reach fastfs), by route.",
+        "route",
+        ((fstats.BYTES_PASSTHROUGH_OPENED, "passthrough"), (fstats.BYTES_DISK_OPENED, "disk")),
+    ),
+    "patterns_total": (
+        "Access patterns recognised, by kind.",
+        "pattern",
+        (
+            (fstats.SEQ_STREAMS, "sequential"),
+            (fstats.RANDOM_STREAMS, "random"),
+            (fstats.SCANS, "small_file_scan"),
+            (fstats.FORMAT_PLANS, "format"),
+            (fstats.MMAP_STREAMS, "mmap"),
+            (fstats.LEARNED_PLANS, "learned"),
+            (fstats.LEARNED_WHOLE, "learned_whole_file"),
+        ),
+    ),
+    "disk_writes_refused_total": (
+        "Writes to the disk tier not made, by reason: its write queue was full, no room under the budget or "
+        "free-space floor, or skipped (already held, unaligned, closing).",
+        "reason",
+        ((DISK_WRITES_DROPPED, "queue_full"), (DISK_WRITES_NO_ROOM, "no_room"), (DISK_WRITES_SKIPPED, "skipped")),
+    ),
+}
+# Families that are exported only when the snapshot has one of their keys (the disk tier's).
+_OPTIONAL_LABELLED = {"disk_writes_refused_total"}
+# Gauges without labels: (snapshot gauge, exported name, HELP).
 _GAUGES: tuple[tuple[str, str, str], ...] = (
-    ("cache_bytes", "cache_bytes", "Bytes held by the cache (cached and in-flight blocks)."),
-    ("cache_budget", "cache_budget_bytes", "Byte budget of the cache."),
-    ("cache_blocks", "cache_blocks", "Blocks held by the cache."),
+    ("cache_bytes", "cache_bytes", "Bytes held by the RAM cache (cached and in-flight blocks)."),
+    ("cache_data_bytes", "cache_data_bytes", "Bytes of complete blocks in the RAM cache."),
+    ("cache_budget", "cache_budget_bytes", "Byte budget of the RAM cache."),
+    ("cache_blocks", "cache_blocks", "Blocks held by the RAM cache."),
+    ("inflight_blocks", "cache_inflight_blocks", "RAM cache blocks being filled."),
+    ("free_buffers", "cache_free_buffers", "Block buffers kept for reuse."),
     ("open_files", "open_files", "Files currently open through the mount."),
+    ("file_versions", "file_versions", "Source file versions the engine tracks (open, or cached)."),
     ("streams", "streams", "Read streams currently tracked by the pattern detector."),
-    (fdisk.USE, "disk_cache_bytes", "Bytes the disk tier uses (data files, journal, directories)."),
-    (fdisk.BUDGET, "disk_cache_budget_bytes", "Byte budget of the disk tier now."),
-    (fdisk.FREE, "disk_free_bytes", "Free bytes of the disk tier's filesystem at its last check."),
-    (fdisk.FLOOR, "disk_free_floor_bytes", "Free bytes of the disk tier's filesystem it never uses."),
-    (fdisk.FILES, "disk_cache_files", "Files (versions) the disk tier holds."),
+    ("sequential_streams_active", "sequential_streams", "Tracked read streams that are sequential now."),
+    ("active_scans", "active_scans", "Small-file scans in progress."),
+    ("pool_workers", "pool_workers", "Threads reading from the source."),
+    ("learned_planned_files", "learned_planned_files", "Files planned by replayed learned access sets."),
+    (
+        "learned_accuracy",
+        "learned_accuracy_ratio",
+        "Share of the files planned by learned access sets that were then read (0 to 1).",
+    ),
+    ("disk_cache_bytes", "disk_cache_bytes", "Bytes the disk tier uses (data files, journal, directories)."),
+    ("disk_cache_budget", "disk_cache_budget_bytes", "Byte budget of the disk tier now."),
+    ("disk_free_bytes", "disk_free_bytes", "Free bytes of the disk tier's filesystem at its last check."),
+    ("disk_free_floor", "disk_free_floor_bytes", "Free bytes of the disk tier's filesystem it never uses."),
+    ("disk_cache_files", "disk_cache_files", "Files (versions) the disk tier holds."),
+    ("disk_queue_bytes", "disk_queue_bytes", "Bytes waiting in the disk tier's write queue."),
 )
-_MAPPED_COUNTERS = {c[0] for c in _COUNTERS} | {k for k, _ in _FETCHED_KINDS} | {k for k, _ in _PATTERNS}
-_MAPPED_GAUGES = {g[0] for g in _GAUGES}
-_NAME_OK = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# Snapshot counters exported as gauges: (key, exported name, HELP).
+_COUNTER_GAUGES: tuple[tuple[str, str, str], ...] = (
+    (DISK_CLEARED, "disk_cleared_at_start", "1 when the disk tier's directory was unusable at start and was cleared."),
+)
+# Labelled gauges: exported name -> (HELP, label, ((snapshot gauge, label value), ...)).
+_LABELLED_GAUGES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
+    "queued_reads": (
+        "Source reads waiting for a pool thread, by priority.",
+        "kind",
+        (("queued_demand", "demand"), ("queued_prefetch", "prefetch")),
+    ),
+}
+MAPPED_COUNTERS = (
+    {c[0] for c in _COUNTERS}
+    | {key for _, _, pairs in _LABELLED.values() for key, _ in pairs}
+    | {c[0] for c in _COUNTER_GAUGES}
+)
+MAPPED_GAUGES = {g[0] for g in _GAUGES} | {key for _, _, pairs in _LABELLED_GAUGES.values() for key, _ in pairs}
 
 
 def _number(value: Any) -> float | None:
@@ -143,6 +236,7 @@ class SnapshotCollector(Collector):
         self._snapshot_fn = snapshot_fn
         self._label = str(mount_label)
         self._failed = False  # log a failing snapshot once, not on every scrape
+        self._unnamed: set[str] = set()  # snapshot keys without an exported name, logged once each
 
     def collect(self) -> Iterator[Metric]:
         try:
@@ -155,19 +249,27 @@ class SnapshotCollector(Collector):
         self._failed = False
         yield from self.families(snap)
 
-    def _simple(self, family: Any, table: Any, mapped: Any, values: Mapping[str, Any], kind: str) -> Iterator[Any]:
-        """One unlabelled-by-kind family per known key of *table*; keys the engine added later are
-        exported under their own name rather than dropped."""
+    def _plain(self, family: Any, table: Any, values: Mapping[str, Any]) -> Iterator[Metric]:
         for key, name, doc in table:
             if (v := _number(values.get(key))) is not None:
                 fam = family(PREFIX + name, doc, labels=[LABEL])
                 fam.add_metric([self._label], v)
                 yield fam
-        for key in sorted(set(values) - mapped):
-            if _NAME_OK.match(key) and (v := _number(values[key])) is not None:
-                fam = family(PREFIX + key, f"Engine {kind} {key}.", labels=[LABEL])
-                fam.add_metric([self._label], v)
-                yield fam
+
+    def _labelled(self, family: Any, table: Any, values: Mapping[str, Any], optional: Any = ()) -> Iterator[Metric]:
+        for name, (doc, label, pairs) in table.items():
+            if name in optional and not any(key in values for key, _ in pairs):
+                continue
+            fam = family(PREFIX + name, doc, labels=[LABEL, label])
+            for key, value in pairs:
+                fam.add_metric([self._label, value], _number(values.get(key)) or 0.0)
+            yield fam
+
+    def _note_unnamed(self, values: Mapping[str, Any], mapped: set[str], kind: str) -> None:
+        for key in sorted(set(values) - mapped - self._unnamed):
+            if _number(values[key]) is not None:
+                self._unnamed.add(key)
+                log.info("metrics: snapshot %s %s has no exported name yet; not exported", kind, key)
 
     def families(self, snap: Snapshot) -> Iterable[Metric]:
         """All metric families of *snap* (separate from :meth:`collect` for tests)."""
@@ -175,25 +277,13 @@ class SnapshotCollector(Collector):
         val = [self._label]
         counters: Mapping[str, Any] = snap.get("counters") or {}
         gauges: Mapping[str, Any] = snap.get("gauges") or {}
+        self._note_unnamed(counters, MAPPED_COUNTERS, "counter")
+        self._note_unnamed(gauges, MAPPED_GAUGES, "gauge")
 
-        yield from self._simple(CounterMetricFamily, _COUNTERS, _MAPPED_COUNTERS, counters, "counter")
-
+        yield from self._plain(CounterMetricFamily, _COUNTERS, counters)
+        yield from self._labelled(CounterMetricFamily, _LABELLED, counters, _OPTIONAL_LABELLED)
         fam = CounterMetricFamily(
-            PREFIX + "bytes_fetched", "Bytes read from the source, by reason.", labels=[LABEL, "kind"]
-        )
-        for key, kind in _FETCHED_KINDS:
-            fam.add_metric([self._label, kind], _number(counters.get(key)) or 0.0)
-        yield fam
-
-        fam = CounterMetricFamily(
-            PREFIX + "patterns", "Access patterns recognised, by kind.", labels=[LABEL, "pattern"]
-        )
-        for key, pattern in _PATTERNS:
-            fam.add_metric([self._label, pattern], _number(counters.get(key)) or 0.0)
-        yield fam
-
-        fam = CounterMetricFamily(
-            PREFIX + "source_errors", "Errors returned by the source, by errno name.", labels=[LABEL, "errno"]
+            PREFIX + "source_errors_total", "Errors returned by the source, by errno name.", labels=[LABEL, "errno"]
         )
         for name, n in sorted((snap.get("errors") or {}).items()):
             fam.add_metric([self._label, str(name)], _number(n) or 0.0)
@@ -202,7 +292,7 @@ class SnapshotCollector(Collector):
         lat = snap.get("pread_latency") or {}
         if lat.get("buckets"):
             fam = HistogramMetricFamily(
-                PREFIX + "pread_duration_seconds", "Duration of reads from the source.", labels=lbl
+                PREFIX + "source_read_duration_seconds", "Duration of reads from the source.", labels=lbl
             )
             fam.add_metric(val, _cumulative(lat["buckets"]), _number(lat.get("sum_seconds")) or 0.0)
             yield fam
@@ -215,7 +305,9 @@ class SnapshotCollector(Collector):
             fam.add_metric(val, _cumulative(sizes), _number(counters.get(fstats.BYTES_REQUESTED)))
             yield fam
 
-        yield from self._simple(GaugeMetricFamily, _GAUGES, _MAPPED_GAUGES, gauges, "gauge")
+        yield from self._plain(GaugeMetricFamily, _GAUGES, gauges)
+        yield from self._plain(GaugeMetricFamily, _COUNTER_GAUGES, counters)
+        yield from self._labelled(GaugeMetricFamily, _LABELLED_GAUGES, gauges)
 
         if (v := _number(snap.get("uptime_seconds"))) is not None:
             fam = GaugeMetricFamily(PREFIX + "uptime_seconds", "Seconds since the mount started.", labels=lbl)
@@ -240,10 +332,67 @@ def make_registry(snapshot_fn: Callable[[], Snapshot], mount_label: str) -> Coll
     return registry
 
 
+# -- the HTTP listener ------------------------------------------------------------------------------
+HealthFn = Callable[[], tuple[int, str]]
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """``/metrics``, ``/healthz`` and 404; the server carries the registry and the health function."""
+
+    server: _Server
+
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+        path = urlsplit(self.path).path
+        if path == METRICS_PATH:
+            try:
+                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+                body = encoder(self.server.registry)
+            except Exception as e:  # noqa: BLE001 - a failed scrape is a 500, never a dead listener
+                self._send(500, f"metrics unavailable: {e}\n".encode(), "text/plain; charset=utf-8")
+                return
+            gzipped = gzip_accepted(self.headers.get("Accept-Encoding", ""))
+            self._send(200, gzip.compress(body) if gzipped else body, content_type, gzipped)
+        elif path == HEALTH_PATH:
+            try:
+                status, text = self.server.health()
+            except Exception as e:  # noqa: BLE001
+                status, text = 503, f"unavailable: the health check failed: {e}\n"
+            self._send(status, text.encode(), "text/plain; charset=utf-8")
+        else:
+            text = f"not found: this listener serves {METRICS_PATH} and {HEALTH_PATH}\n"
+            self._send(404, text.encode(), "text/plain; charset=utf-8")
+
+    def _send(self, status: int, body: bytes, content_type: str, gzipped: bool = False) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if gzipped:
+            self.send_header("Content-Encoding", "gzip")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        """Scrapes are not logged (one line per scrape would flood the daemon's log)."""
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], family: int, registry: CollectorRegistry, health: HealthFn) -> None:
+        self.address_family = family
+        self.registry = registry
+        self.health = health
+        super().__init__(address, _Handler)
+
+
+def _always_ok() -> tuple[int, str]:
+    return 200, "ok\n"
+
+
 class MetricsServer:
     """Handle of a running endpoint: ``.host``, ``.port`` (the bound one) and ``.shutdown()``."""
 
-    def __init__(self, httpd: Any, thread: threading.Thread, host: str) -> None:
+    def __init__(self, httpd: _Server, thread: threading.Thread, host: str) -> None:
         self._httpd = httpd
         self._thread = thread
         self.host = host
@@ -266,16 +415,27 @@ class MetricsServer:
         self.shutdown()
 
 
-def serve(snapshot_fn: Callable[[], Snapshot], host: str, port: int, mount_label: str) -> MetricsServer:
-    """Serve ``http://HOST:PORT/metrics`` from *snapshot_fn* in a daemon thread.
+def serve(
+    snapshot_fn: Callable[[], Snapshot],
+    host: str,
+    port: int,
+    mount_label: str,
+    health: HealthFn | None = None,
+) -> MetricsServer:
+    """Serve ``http://HOST:PORT/metrics`` from *snapshot_fn* and ``/healthz`` from *health* (status,
+    body) in a daemon thread.
 
     Raises ``OSError`` naming the address when it cannot listen (port taken, unknown host).
     """
     registry = make_registry(snapshot_fn, mount_label)
     try:
-        httpd, thread = start_http_server(port, addr=host, registry=registry)
-    except OSError as e:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        httpd = _Server((host, port), family, registry, health or _always_ok)
+    except (OSError, socket.gaierror) as e:
         raise OSError(e.errno, f"stats.metrics: cannot listen on {host}:{port}: {e.strerror or e}") from None
+    thread = threading.Thread(target=httpd.serve_forever, name="fastfs-metrics", daemon=True)
+    thread.start()
     server = MetricsServer(httpd, thread, host)
-    log.info("metrics: serving http://%s:%d/metrics", host if ":" not in host else f"[{host}]", server.port)
+    shown = host if ":" not in host else f"[{host}]"
+    log.info("metrics: serving http://%s:%d%s and %s", shown, server.port, METRICS_PATH, HEALTH_PATH)
     return server

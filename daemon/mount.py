@@ -10,189 +10,56 @@ Threads of a running daemon:
   readiness (a pipe to the waiting ``fastfs mount`` parent and/or ``READY=1``);
 * the main thread owns the signal handlers: they only queue the signal and wake the main loop,
   which then acts: SIGTERM/SIGINT unmount cleanly, SIGHUP reloads the configuration, SIGUSR1 logs
-  a one-line stats summary. The loop also sends periodic ``STATUS=`` lines when run by systemd;
+  a one-line stats summary, SIGUSR2 reopens the log file (logrotate). The loop also sends periodic
+  ``STATUS=`` lines when run by systemd;
 * the session's workers, watchdog and notifier (see :mod:`.kernel.session`).
 
-``fastfs mount`` validates and forks first; only the daemon process opens the FUSE device.
+``fastfs mount`` (:mod:`fastfs.daemon.cli.mountcmd`) validates and forks first; only the daemon
+process opens the FUSE device. The mount table lives in :mod:`fastfs.daemon.mounttable`.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import errno
 import logging
 import os
 import resource
 import signal
-import stat
-import subprocess
 import threading
 import time
 from typing import Any
 
-from fastfs.config.loader import ConfigError, load_config, one_line, parse_listen_address
+from fastfs.config.loader import ConfigError, load_config, memory_problems, one_line, parse_listen_address
 from fastfs.config.reload import apply_live
 from fastfs.config.schema import Config
 from fastfs.daemon import logsetup, notify
 from fastfs.daemon.control import CONTROL_NAME
-from fastfs.daemon.statscli import summary_line
+from fastfs.daemon.health import HealthCheck
+from fastfs.daemon.mounttable import (
+    UNMOUNT_TIMEOUT,
+    MountRecord,
+    force_unmount,
+    forget_mount,
+    process_start_ticks,
+    record_mount,
+    run_quiet,
+)
+from fastfs.daemon.summary import summary_line
 from fastfs.fsio.api import EngineAPI
 
 log = logging.getLogger("fastfs.mount")
 
-MOUNTINFO = "/proc/self/mountinfo"
 # The kernel's cap on pages per FUSE request (256 = 1 MiB unless an administrator raised it).
 MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
-FSTYPE = "fuse.fastfs"
-# The FUSE device: the daemon (as root) or fusermount3 (with the caller's own rights) opens it read-write.
-FUSE_DEVICE = "/dev/fuse"
+# Signals the main loop handles (see the module docstring).
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Upper bound of one main-loop sleep, so queued signals are handled promptly even without a wake-up.
 MAIN_TICK = 1.0
-# Seconds a fusermount3/umount subprocess may take before it is abandoned.
-UNMOUNT_TIMEOUT = 30.0
 
 
 class MountError(Exception):
     """A one-line reason the mount cannot start."""
-
-
-# -- /proc/self/mountinfo -------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class MountEntry:
-    """One line of mountinfo."""
-
-    device: str  # "major:minor"
-    mountpoint: str
-    fstype: str
-    source: str
-
-
-def unescape_field(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal ``\\NNN``."""
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def mounts(mountinfo: str = MOUNTINFO) -> list[MountEntry]:
-    """All mounts visible to this process, in mount order."""
-    entries = []
-    with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            left, sep, right = line.partition(" - ")
-            fields = left.split()
-            tail = right.split()
-            if not sep or len(fields) < 5 or len(tail) < 2:
-                continue
-            entries.append(MountEntry(fields[2], unescape_field(fields[4]), tail[0], unescape_field(tail[1])))
-    return entries
-
-
-def find_mount(path: str) -> MountEntry | None:
-    """The topmost mount whose mount point is *path* (compared after realpath), or None."""
-    target = os.path.realpath(path)
-    found = None
-    for entry in mounts():
-        if entry.mountpoint == target:
-            found = entry
-    return found
-
-
-def is_fastfs(entry: MountEntry | None) -> bool:
-    """True for a fastfs mount, live or dead (the kernel keeps the type of a mount whose daemon died).
-
-    This is the one test of "is this a fastfs mount" the daemon's commands use: other FUSE file
-    systems (sshfs, rclone, a storage emulator) have other types and are never touched.
-    """
-    return entry is not None and entry.fstype == FSTYPE
-
-
-def containing_mount(path: str) -> MountEntry | None:
-    """The mount holding *path*: the topmost mount on the longest mount point that is *path* or one of
-    its parents (after realpath of *path*), or None."""
-    target = os.path.realpath(path)
-    best: MountEntry | None = None
-    for entry in mounts():
-        point = entry.mountpoint
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and (best is None or len(point) >= len(best.mountpoint)):
-            best = entry
-    return best
-
-
-# -- validation -----------------------------------------------------------------------------------
-def _inside(child: str, parent: str) -> bool:
-    return child == parent or child.startswith(parent.rstrip("/") + "/")
-
-
-def _daemon_gone(mnt: str) -> bool:
-    """True when the FUSE mount at *mnt* has no daemon any more (statfs is never cached by the kernel)."""
-    try:
-        os.statvfs(mnt)
-    except OSError as e:
-        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    return False
-
-
-def check_paths(source: str, mountpoint: str) -> tuple[str, str]:
-    """Validate SRC and MNT; returns their real paths or raises :class:`MountError` (one line)."""
-    try:
-        st = os.stat(source)
-    except FileNotFoundError:
-        raise MountError(f"source {source} does not exist") from None
-    except OSError as e:
-        raise MountError(f"source {source}: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise MountError(f"source {source} is not a directory")
-    src = os.path.realpath(source)
-    mnt = os.path.realpath(mountpoint)
-    try:
-        st = os.stat(mountpoint)
-    except FileNotFoundError:
-        raise MountError(f"mountpoint {mountpoint} does not exist") from None
-    except OSError as e:
-        if e.errno == errno.ENOTCONN:
-            raise MountError(f"mountpoint {mountpoint} is a dead mount (run: fastfs umount {mountpoint})") from None
-        raise MountError(f"mountpoint {mountpoint}: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise MountError(f"mountpoint {mountpoint} is not a directory")
-    entry = find_mount(mnt)
-    if entry is not None:
-        if entry.fstype.startswith("fuse") and _daemon_gone(mnt):  # stat may have come from the kernel's cache
-            raise MountError(f"mountpoint {mountpoint} is a dead mount (run: fastfs umount {mountpoint})")
-        raise MountError(f"mountpoint {mountpoint} is already a mount point ({entry.fstype} from {entry.source})")
-    try:
-        if os.listdir(mnt):
-            raise MountError(f"mountpoint {mountpoint} is not empty")
-    except OSError as e:
-        raise MountError(f"mountpoint {mountpoint}: {e.strerror}") from None
-    if _inside(mnt, src):
-        raise MountError(f"mountpoint {mountpoint} is inside source {source}")
-    if _inside(src, mnt):
-        raise MountError(f"source {source} is inside mountpoint {mountpoint}")
-    return src, mnt
-
-
-def check_fuse_device(path: str = FUSE_DEVICE) -> None:
-    """Raise :class:`MountError` when this process cannot open the FUSE device read-write.
-
-    A root daemon opens it directly and ``fusermount3`` opens it with the caller's rights, so the
-    check tells a user without access the cause in one line before anything is forked.
-    """
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError as e:
-        raise MountError(f"cannot open {path}: {e.strerror} (FUSE needs read-write access to it)") from None
-    os.close(fd)
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -212,67 +79,29 @@ def raise_fd_limit() -> tuple[int, int]:
     return soft, hard
 
 
-# -- unmounting -----------------------------------------------------------------------------------
-def run_quiet(cmd: list[str], timeout: float = UNMOUNT_TIMEOUT) -> tuple[int, str]:
-    """Run a helper; (returncode, one-line stderr). A missing binary or timeout is a failure."""
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError) as e:
-        return 1, one_line(e)
-    return r.returncode, one_line(r.stderr or r.stdout)
-
-
-def unmount(mountpoint: str, lazy: bool = False) -> tuple[int, str]:
-    """Unmount the fastfs mount on *mountpoint*: ``fusermount3 -u`` (``-z`` when *lazy*), then, for a dead
-    mount (its daemon gone) or a lazy request, ``umount -l``. Returns (0, "") or (status, one-line error).
-
-    Refuses (status 1, "... is not a fastfs mount") anything but a fastfs mount, so a foreign FUSE
-    file system is never unmounted by fastfs.
-    """
-    entry = find_mount(mountpoint)
-    if entry is None:
-        return 1, f"{mountpoint} is not mounted"
-    if not is_fastfs(entry):
-        return 1, f"{mountpoint} is not a fastfs mount"
-    target = entry.mountpoint
-    rc, err = run_quiet(["fusermount3", "-u"] + (["-z"] if lazy else []) + [target])
-    if rc == 0:
-        return 0, ""
-    dead = False
-    try:
-        os.stat(target)
-    except OSError as e:
-        dead = e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    if dead or lazy:
-        rc2, err2 = run_quiet(["umount", "-l", target])
-        if rc2 == 0:
-            return 0, ""
-        err = err2 or err
-    return rc or 1, err or "fusermount3 failed"
-
-
-def force_unmount(mountpoint: str | os.PathLike[str], any_fuse: bool = False) -> None:
-    """Best effort, never raises: unmount the mount on *mountpoint* while it is still one to touch:
-    ``fusermount3 -u``, then ``fusermount3 -u -z`` (busy), then ``umount -l`` (a dead daemon, no
-    fusermount3). To touch is a fastfs mount (cleaning up a failed start); with *any_fuse* any FUSE
-    mount (tests and benchmarks: storage emulators, fault injectors). A mount of another kind is never
-    touched. The one implementation: tests/conftest.py, tests/faultfs.py and benchmarks/benchkit use it."""
-    path = os.fspath(mountpoint)
-    for cmd in (["fusermount3", "-u", "-q"], ["fusermount3", "-u", "-z", "-q"], ["umount", "-l"]):
-        entry = find_mount(path)
-        if entry is None or not (entry.fstype.startswith("fuse") if any_fuse else is_fastfs(entry)):
-            return
-        run_quiet([*cmd, entry.mountpoint])
-
-
 # -- readiness reporting --------------------------------------------------------------------------
 class Readiness:
-    """Reports startup success or failure once, to a pipe (background parent) and to systemd."""
+    """Reports startup success or failure once, to a pipe (background parent) and to systemd; before
+    that, each stage of the start (``stage TEXT`` lines), so the parent can say what it waits for."""
 
     def __init__(self, fd: int | None = None) -> None:
         self._fd = fd
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _fd and reported; held across the pipe's small writes
         self.reported = False
+
+    def stage(self, text: str) -> None:
+        """What the start does now (one line to the parent; STATUS= under systemd)."""
+        with self._lock:
+            if self.reported:
+                return
+            fd = self._fd
+            if fd is not None:
+                try:
+                    os.write(fd, ("stage " + one_line(text) + "\n").encode())
+                except OSError:
+                    pass
+        if fd is None:
+            notify.notify("STATUS=" + one_line(text))
 
     def _send(self, text: str) -> bool:
         with self._lock:
@@ -331,14 +160,21 @@ class Daemon:
         self._stop_requested = False
         self._unmount_started = False
         self.session: Any = None
+        self.device = ""  # "major:minor" of the mount once live (names its record and connection)
 
     # -- setup ----------------------------------------------------------------------------------
     def mount_options(self) -> Any:
-        """What the kernel mount is told (fsname shows in the mount table as ``fastfs:SRC``)."""
+        """What the kernel mount is told (fsname shows in the mount table, ``fastfs:SRC`` by default)."""
         from fastfs.daemon.kernel.fusemount import MountOptions
 
         fc = self.config.fuse
-        return MountOptions(fsname=f"fastfs:{self.source}", subtype="fastfs", allow_other=fc.allow_other)
+        return MountOptions(
+            fsname=fc.fsname or f"fastfs:{self.source}",
+            subtype=fc.subtype,
+            allow_other=fc.allow_other,
+            default_permissions=fc.default_permissions,
+            noatime=fc.noatime,
+        )
 
     def wishes(self) -> Any:
         from fastfs.daemon.kernel.negotiate import Wishes
@@ -386,14 +222,19 @@ class Daemon:
         except ImportError as e:
             log.warning("metrics endpoint %s not started: %s", listen, e)
             return
+        health = HealthCheck(self.mountpoint, self.serving, self.ops.snapshot, self.config.cache.disk_dir)
         try:
-            self.metrics_server = metrics.serve(self.ops.snapshot, host, port, self.mountpoint)
+            self.metrics_server = metrics.serve(self.ops.snapshot, host, port, self.mountpoint, health.check)
         except OSError as e:
             why = os.strerror(e.errno) if e.errno else one_line(e)
             raise MountError(f"stats.metrics: cannot listen on {host}:{port}: {why}") from None
 
+    def serving(self) -> bool:
+        """True while the mount is live: INIT answered and the connection not ended."""
+        return self._live and not self._fuse_done.is_set()
+
     def _install_signals(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        for sig in HANDLED_SIGNALS:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -436,6 +277,7 @@ class Daemon:
         self._raise_page_limit()
         try:
             try:
+                self.readiness.stage(f"mounting {self.mountpoint}")
                 fd = fusemount.mount(self.mountpoint, self.mount_options())
             except fusemount.FuseMountError as e:
                 self._fuse_error = str(e)
@@ -452,6 +294,7 @@ class Daemon:
             self.engine.inline_reads = True  # the watchdog bounds a read that hangs on its own thread
             self.ops.session = self.session
             try:
+                self.readiness.stage("waiting for the kernel to start the mount (INIT)")
                 self.session.start(on_init=self._on_init)
             except NegotiationError as e:
                 self._fuse_error = str(e)
@@ -470,8 +313,13 @@ class Daemon:
 
     def _mark_live(self) -> None:
         try:
+            self.readiness.stage(f"checking that {self.mountpoint} answers (a stat of its root reaches the source)")
             st_dev = os.stat(self.mountpoint).st_dev
-            self._tune_read_ahead(f"{os.major(st_dev)}:{os.minor(st_dev)}")
+            self.device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+            self._tune_read_ahead(self.device)
+            fstype = self.mount_options().fstype
+            ticks = process_start_ticks(os.getpid()) or 0
+            record_mount(MountRecord(self.device, self.mountpoint, fstype, os.getpid(), self.source, ticks))
         except OSError as e:
             log.warning("could not stat %s after mounting: %s", self.mountpoint, e.strerror)
         self._live = True
@@ -527,6 +375,13 @@ class Daemon:
             self.reload()
         elif signum == signal.SIGUSR1:
             log.info("stats: %s", self.summary())
+        elif signum == signal.SIGUSR2:
+            try:
+                paths = logsetup.reopen()
+            except logsetup.LogFileError as e:
+                log.error("cannot reopen the log (kept the old one): %s", e)
+            else:
+                log.info("reopened %s", ", ".join(paths) if paths else "nothing: logging to stderr")
 
     def reload(self) -> list[str]:
         """Re-read the config file and the original -o overrides; apply what can change live."""
@@ -535,6 +390,12 @@ class Daemon:
         except ConfigError as e:
             log.error("reload failed, keeping the running configuration: %s", e)
             return []
+        error, warning = memory_problems(new)
+        if error:
+            log.error("reload failed, keeping the running configuration: %s", error)
+            return []
+        if warning:
+            log.warning("%s", warning)
         # What applies live is config/reload.py's table alone: the engine applies its part of it and
         # names every changed setting that waits for a remount; the daemon applies the rest of it here.
         restart: list[str] = []
@@ -567,6 +428,7 @@ class Daemon:
     def run(self) -> int:
         """Mount and serve until unmounted or signalled; 0 after a clean stop, 1 if the mount failed."""
         raise_fd_limit()
+        self.readiness.stage(f"opening the source {self.source}")
         self._start_engine()
         try:
             self._start_metrics()
@@ -612,6 +474,8 @@ class Daemon:
                     notify.notify("STATUS=" + self.summary())
 
     def _shutdown(self) -> None:
+        if self.device:
+            forget_mount(self.device)
         if self.session is not None:
             self.session.close()
         if self.metrics_server is not None:
@@ -630,7 +494,7 @@ class Daemon:
                 self.engine.close()
             except Exception as e:  # noqa: BLE001 - exit must proceed
                 log.warning("engine shutdown failed: %s", one_line(e))
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        for sig in HANDLED_SIGNALS:
             try:
                 signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
             except (ValueError, OSError):

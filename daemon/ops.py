@@ -453,7 +453,8 @@ class KernelOps:
                 path = STATS_FILE
             else:
                 path = self._node(nodeid).path
-            return self.control.getxattr(path, name, size, self._caller(request), request.pid)
+            forget = functools.partial(self._forget_pages, nodeid)  # fastfs warm --evict: the kernel's copy too
+            return self.control.getxattr(path, name, size, self._caller(request), request.pid, forget)
         if nodeid in CONTROL_IDS:
             raise _error(ENOATTR)
         node = self._node(nodeid)
@@ -467,6 +468,10 @@ class KernelOps:
         if shown is None:
             raise _error(ENOATTR)
         return shown
+
+    def _forget_pages(self, nodeid: int) -> None:
+        if self.session is not None and self.session.notifier is not None:
+            self.session.notifier.submit(("inode", nodeid, 0, -1))
 
     @staticmethod
     def _caller(request: Request) -> Caller:

@@ -31,9 +31,9 @@ settings (:func:`shown_acl`, applied to ``system.posix_acl_access`` and ``system
   option sets: these options are the deliberate exception to "the mount never grants what the source
   denies", with or without ACLs).
 
-This module is pure (no I/O) and binding-independent: :func:`translate` works on the three numbers,
-:func:`apply_attrs` on the ``st_*`` dict of the path-based adapter; an adapter calls one of them on
-every attribute reply, with the :class:`Ownership` built once at mount from the config.
+This module is pure (no I/O) and knows nothing of the protocol: :func:`translate` works on the three
+numbers; the kernel adapter calls it on every attribute reply, with the :class:`Ownership` built once
+at mount from the config.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The I/O engine: pattern detection, read-ahead policy, parallel pread pool, RAM block cache, stats.
 
-Nothing here imports the FUSE binding; :class:`fastfs.fsio.engine.Engine` is driven by the
-daemon's operations adapter and, in tests, directly.
+Nothing here knows FUSE; :class:`fastfs.fsio.engine.Engine` is driven by the daemon's kernel adapter
+(:mod:`fastfs.daemon.ops`) and, in tests, directly.
 """
 
 from fastfs.fsio.engine import Engine, OpenResult

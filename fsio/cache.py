@@ -26,7 +26,8 @@ Concurrency (what guards what; the fields say it again):
   the block (pinned) without the lock; a stale False only counts the block's bytes as prefetch waste.
   ``job`` is written by the block's filler, read without the lock by a reader deciding whether to
   promote it (a stale value promotes a job that already runs: :meth:`PreadPool.promote` says no).
-  ``owner`` is set once by a warm before the block can be evicted.
+  ``owner`` is set once by a warm before the block can be evicted; ``disk_warm`` once by a disk
+  warm right after it got the block (a plain flag, read when the fill completes).
 * :meth:`peek` reads ``_blocks`` without the lock: one dict lookup (atomic under the GIL), an
   advisory answer (the block may go right after) that the caller never dereferences without a pin.
 
@@ -100,6 +101,7 @@ class Block:
         "pins",
         "job",
         "owner",
+        "disk_warm",
     )
 
     def __init__(self, key: tuple, start: int, buf: mmap.mmap | bytearray, capacity: int, prefetched: bool) -> None:
@@ -117,6 +119,7 @@ class Block:
         self.pins = 0
         self.job: BlockFill | None = None  # the queued fill, so a waiting reader can promote it
         self.owner: object | None = None  # a warm that wants to hear of its eviction (``owner.evicted(n)``)
+        self.disk_warm = False  # a disk warm writes it to the disk tier itself, waiting for queue room
 
 
 class BlockCache:
@@ -305,14 +308,18 @@ class BlockCache:
                 self._check_locked()
 
     # -- maintenance --------------------------------------------------------------------------
-    def invalidate_file(self, file_key: Hashable) -> int:
-        """Drop every unpinned, settled block of a file version; returns blocks dropped."""
+    def invalidate_file(self, file_key: Hashable, on_request: bool = False) -> int:
+        """Drop every unpinned, settled block of a file version; returns blocks dropped. *on_request*:
+        a user asked for it (``fastfs warm --evict``): the bytes count as evicted on request, not as
+        prefetch wasted by a wrong guess."""
         dropped = 0
         with self._lock:
             for index in list(self._by_file.get(file_key, ())):
                 block = self._blocks.get((file_key, index))
                 if block is not None and block.pins == 0 and block.state != PENDING:
-                    if block.prefetched and not block.used and block.state == READY:
+                    if on_request and block.state == READY:
+                        self.stats.add(m.BYTES_EVICTED_ON_REQUEST, block.length)
+                    elif block.prefetched and not block.used and block.state == READY:
                         self.stats.add(m.BYTES_PREFETCH_WASTED, block.length)
                     self._drop(block, keep_buffer=False)
                     dropped += 1

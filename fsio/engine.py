@@ -368,7 +368,7 @@ class Engine:
         """Reserve block *index* of *entry* and queue its fill at prefetch priority; the block comes
         back pinned (:meth:`BlockCache.unpin` it), FAILED when it could not be queued, or None when
         the budget has no room for it."""
-        return self.fills.fetch_block(entry, index, demand=False, keep_pin=True)
+        return self.fills.fetch_block(entry, index, demand=False, keep_pin=True, warm=True)
 
     def abandon_block(self, entry: FileEntry, block: Block) -> None:
         """A warm gave up waiting for *block*: its fill counts as a stuck read of the file, as when a

@@ -126,13 +126,16 @@ class Fills:
         return n
 
     # -- block fills ------------------------------------------------------------------------------
-    def fetch_block(self, entry: FileEntry, index: int, demand: bool, keep_pin: bool = False) -> Block | None:
-        """Reserve block ``index`` and queue its fill. Returns the (pinned if keep_pin) block or None."""
+    def fetch_block(
+        self, entry: FileEntry, index: int, demand: bool, keep_pin: bool = False, warm: bool = False
+    ) -> Block | None:
+        """Reserve block ``index`` and queue its fill. Returns the (pinned if keep_pin) block or None.
+        *warm*: asked for by a warm (counted apart from read-ahead's own guesses: not ``prefetched``)."""
         start = index * self.block_size
         length = min(self.block_size, entry.size - start)
         if length <= 0:
             return None
-        block, created = self.cache.reserve(entry.key, index, length, prefetched=not demand)
+        block, created = self.cache.reserve(entry.key, index, length, prefetched=not demand and not warm)
         if block is None:
             if not demand:
                 self.stats.add(m.BACKPRESSURE)
@@ -217,7 +220,8 @@ class Fills:
             except OSError as e:
                 self.cache.fail(block, e.errno or errno.EIO)
                 return
-            self.stats.add(m.BYTES_FETCHED_DEMAND if fill.demand else m.BYTES_FETCHED_PREFETCH, n)
+            kind = m.BYTES_FETCHED_PREFETCH if block.prefetched else m.BYTES_FETCHED_WARM  # not prefetched: a warm's
+            self.stats.add(m.BYTES_FETCHED_DEMAND if fill.demand else kind, n)
             self.stats.file_bytes(fill.path, fetched=n)
             entry = fill.entry
             self.complete_block(block, n, entry.dkey, entry.size, length)

@@ -2,9 +2,10 @@
 
 Design: every thread writes into its own shard (a plain list found by the thread's identifier), so
 counting takes no lock and costs one dict lookup and a list update; a snapshot sums the shards
-under the registry lock. Shards are keyed by ``threading.get_ident()`` rather than
-``threading.local``: FUSE callbacks arrive on libfuse's threads, and each callback from a foreign
-thread gets a fresh Python thread state, so a thread-local would be new on every request. Metric
+under the registry lock. Shards are keyed by ``threading.get_ident()`` in the registry rather than
+held in a ``threading.local``: a shard must outlive its thread (the session's workers are replaced
+when the watchdog abandons one, pool and warm threads come and go), or the counts of every thread
+that ended would drop out of the totals; a thread-local dies with its thread. Metric
 names are the constants below, in one place, used by the engine, the stats file, the CLI and the
 Prometheus exporter alike.
 
@@ -29,6 +30,8 @@ BYTES_FETCHED_PREFETCH = "bytes_fetched_prefetch"  # read from the source ahead 
 BYTES_PREFETCH_USED = "bytes_prefetch_used"  # prefetched bytes later delivered to a reader
 BYTES_PREFETCH_WASTED = "bytes_prefetch_wasted"  # prefetched bytes evicted or invalidated before any use
 BYTES_DISK_PREFETCH = "bytes_disk_prefetch"  # read ahead of any reader from the disk tier instead of the source
+BYTES_FETCHED_WARM = "bytes_fetched_warm"  # read from the source for fastfs warm (asked for, not a guess)
+BYTES_EVICTED_ON_REQUEST = "bytes_evicted_on_request"  # cached bytes dropped by fastfs warm --evict
 # Event counters.
 READ_REQUESTS = "read_requests"
 PREADS = "preads"
@@ -62,6 +65,8 @@ COUNTERS = (
     BYTES_PREFETCH_USED,
     BYTES_PREFETCH_WASTED,
     BYTES_DISK_PREFETCH,
+    BYTES_FETCHED_WARM,
+    BYTES_EVICTED_ON_REQUEST,
     READ_REQUESTS,
     PREADS,
     PREAD_ERRORS,

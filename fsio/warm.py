@@ -18,7 +18,13 @@ have :data:`MAX_JOBS_PER_CALLER` jobs queued or running, the mount :data:`MAX_JO
 final report; only the caller that started a job (and root) can see it.
 
 A job walks the tree a little ahead of its fetching (:data:`WALK_AHEAD` entries), so its totals
-grow while it lists (``listed`` turns true when the walk is complete). For each file it queues the
+grow while it lists (``listed`` turns true when the walk is complete: ``fastfs warm`` shows no total
+before that). :meth:`WarmJobs.cancel` stops a job (``fastfs warm`` interrupted by Ctrl-C): a queued
+one never starts, a running one lets go of its files in flight without waiting for them.
+
+Blocks a warm fetches are counted apart from read-ahead's own guesses (``bytes_fetched_warm``; not
+``prefetched``, so neither their use nor their eviction counts in prefetch accuracy or waste), and
+bytes dropped by :meth:`WarmJobs.evict` count as ``bytes_evicted_on_request``. For each file it queues the
 fills of all its blocks at prefetch priority through the engine, and waits for them together, with
 one deadline of ``readahead.read_timeout`` for the whole file: once one of its reads timed out the
 file is given up (``failed``; the read counts as a stuck read of the file, as for a reader). Up to
@@ -30,15 +36,21 @@ the job ended (a tree larger than the budget) are counted in ``evicted``.
 On a mount whose opens go to the kernel by passthrough (local sources), reads never come to the RAM
 cache, so a warm asks each file into the source's page cache instead (``POSIX_FADV_WILLNEED``: the
 device reads it in parallel, the job does not wait), and ``cached``/``evict`` report and drop the
-source's page cache (cachestat, ``POSIX_FADV_DONTNEED``).
+source's page cache (cachestat, ``POSIX_FADV_DONTNEED``, after an ``fdatasync`` of the source file:
+pages a writer has not written back cannot be dropped, so a file written shortly before kept them).
 
 Disk warms (``fastfs warm --disk``, a job started with ``disk=True``) fill the disk cache tier
 (``cache.disk_dir``) instead: blocks the tier already holds are not fetched at all, the others are
 fetched through the RAM cache as usual and each one is then seen to be on disk or in its write
-queue (waiting for room in the queue: a warm may wait for the disk, a reader never does). Every
+queue (waiting for room in the queue: a warm may wait for the disk, a reader never does). Its blocks
+are marked ``disk_warm``, so the write a completed fill would queue (and drop when the queue is
+full, counted as ``disk_writes_dropped``) is left to the job, which waits for room instead. Every
 :data:`DISK_CONFIRM_FILES` files (or :data:`DISK_CONFIRM_BYTES`) and at the end, the job waits for
-the tier's writes and counts a file done in bytes only for what the tier then holds; a file it does
-not hold whole (the disk budget or free-space floor left no room) is ``declined``. RAM evictions do
+the tier's writes and counts a file done in bytes only for what the tier then holds. A file only
+partly cached is ``declined``, and ``declined_reasons`` says why: ``ram`` (the RAM cache or its
+prefetch queue had no room for its blocks), ``write_queue`` (the tier's write queue had no room
+within ``readahead.read_timeout``), ``disk_room`` (written, but the disk budget or free-space floor
+left no room for all of it). RAM evictions do
 not count against a disk warm. Such a warm runs the same way on a passthrough mount.
 
 Also here: :meth:`WarmJobs.cached` (how much of a file is in the cache, fetching nothing) and
@@ -103,6 +115,9 @@ DISK_CONFIRM_BYTES = 32 * 1024 * 1024
 # Seconds a disk warm waits for the tier's writes at each confirmation at most, and polls them.
 DISK_FLUSH_SECONDS = 120.0
 DISK_POLL_SECONDS = 0.002
+# Why a file may be declined (only partly cached); see WarmJob.reasons.
+DECLINE_RAM, DECLINE_WRITE_QUEUE, DECLINE_DISK_ROOM = "ram", "write_queue", "disk_room"
+DECLINE_REASONS = (DECLINE_RAM, DECLINE_WRITE_QUEUE, DECLINE_DISK_ROOM)
 # Errors a job keeps for its report, and the length each is cut to (the report fits one xattr).
 MAX_ERRORS = 10
 MAX_ERROR_CHARS = 300
@@ -124,6 +139,10 @@ class WarmJob:
         self.files_total = self.bytes_total = 0
         self.files_done = self.bytes_done = 0
         self.declined = self.failed = self.skipped = 0
+        # why files were declined: the RAM cache had no room (budget or prefetch queue), the disk tier's
+        # write queue had no room in time, or the disk tier holds less after its writes (budget/floor)
+        self.reasons = dict.fromkeys(DECLINE_REASONS, 0)
+        self.cancelled = False  # asked to stop (fastfs warm interrupted): set once, read by the job's thread
         self.evicted_bytes = 0
         self.errors: list[str] = []
         self.created = time.monotonic()
@@ -139,6 +158,11 @@ class WarmJob:
         with self.lock:
             if self.state != "done":
                 self.evicted_bytes += nbytes
+
+    def decline(self, reason: str) -> None:
+        """A file of this job is only partly cached, for *reason* (lock held by the caller)."""
+        self.declined += 1
+        self.reasons[reason] += 1
 
     def error(self, path: str, why: str) -> None:
         with self.lock:
@@ -161,6 +185,8 @@ class WarmJob:
                 "files_done": self.files_done,
                 "bytes_done": self.bytes_done,
                 "declined": self.declined,
+                "declined_reasons": dict(self.reasons),
+                "cancelled": self.cancelled,
                 "failed": self.failed,
                 "skipped": self.skipped,
                 "evicted": self.evicted_bytes,
@@ -242,6 +268,28 @@ class WarmJobs:
             raise OSError(errno.ENODATA, "no such warm job")
         return job.progress()
 
+    def cancel(self, job_id: int, caller: Caller) -> dict[str, Any]:
+        """Stop job *job_id* (``fastfs warm`` was interrupted): a queued job never starts, a running one
+        ends after the files it is reading, without waiting for the rest; its report (``cancelled``
+        true). ENODATA when there is no such job the caller may see."""
+        with self._cond:
+            self._prune()
+            job = self._jobs.get(job_id)
+            if job is None or not (caller.is_root or caller.uid == job.caller.uid):
+                raise OSError(errno.ENODATA, "no such warm job")
+            queue = self._queues.get(job.caller.uid)
+            queued = queue is not None and job in queue
+            if queued:
+                queue.remove(job)
+                if not queue:
+                    del self._queues[job.caller.uid]
+        with job.lock:
+            if not job.done:
+                job.cancelled = True
+                if queued:
+                    job.state, job.finished = "done", time.monotonic()
+        return job.progress()
+
     def cached(self, path: str, caller: Caller) -> dict[str, int]:
         """``{"size", "cached"}``: bytes of the current version of file *path* in the cache now."""
         st = self._file(path, caller)
@@ -253,13 +301,29 @@ class WarmJobs:
         """Drop the cached blocks of file *path* (those not in use right now); ``{"size", "evicted"}``."""
         st = self._file(path, caller)
         if self.engine.passes_through():
+            self._write_back(path)
             return {"size": st.st_size, "evicted": self.engine.page_cache_evict(path)}
         key = stat_key(st)
         cache = self.engine.cache
         before = cache.cached_bytes(key)
-        cache.invalidate_file(key)
-        cache.invalidate_file(HeadKey(key))  # its head windows too (a key kind of their own)
+        cache.invalidate_file(key, on_request=True)
+        cache.invalidate_file(HeadKey(key), on_request=True)  # its head windows too (a key kind of their own)
         return {"size": st.st_size, "evicted": max(0, before - cache.cached_bytes(key))}
+
+    def _write_back(self, path: str) -> None:
+        """Have the dirty pages of source file *path* written (fdatasync): the page cache cannot drop
+        pages a writer has not written back yet, so a file written shortly before kept nearly all of
+        them. It only persists what the writer wrote; the file's bytes are never changed."""
+        try:
+            src = self.engine.source.open_file(path)
+        except OSError:
+            return
+        try:
+            os.fdatasync(src.fd)
+        except OSError:
+            pass  # a source that cannot sync keeps its dirty pages; evict reports what it dropped
+        finally:
+            src.close()
 
     def disk_cached(self, path: str, caller: Caller) -> dict[str, int]:
         """``{"size", "cached"}``: bytes of the current version of file *path* the disk tier holds."""
@@ -404,7 +468,7 @@ class WarmJobs:
             return True
 
         try:
-            while not self._stopping():
+            while not self._stopping() and not job.cancelled:
                 step = 0
                 while not listed and len(pending) < WALK_AHEAD and step < WALK_STEP:
                     step += 1
@@ -432,8 +496,12 @@ class WarmJobs:
                     inflight_bytes += fw.entry.size
         finally:
             while inflight:
-                self._finish(job, inflight.popleft())
-            if job.disk:
+                fw = inflight.popleft()
+                if job.cancelled:
+                    self._abandon(fw)
+                else:
+                    self._finish(job, fw)
+            if job.disk and not job.cancelled:
                 self._confirm_disk(job)
             with job.lock:
                 job.state, job.finished = "done", time.monotonic()
@@ -518,6 +586,8 @@ class WarmJobs:
                 continue
             block = engine.warm_block(entry, index)
             if block is not None and (block.state != FAILED or block.errno):
+                if job.disk:
+                    block.disk_warm = True  # written by this job (waiting for room), not dropped at fill time
                 blocks.append(block)
                 index += 1
                 continue
@@ -536,6 +606,13 @@ class WarmJobs:
                 time.sleep(QUEUE_RETRY_SECONDS)
         deadline = time.monotonic() + timeout if timeout else None
         return _FileWarm(path, fh, entry, blocks, deadline, declined)
+
+    def _abandon(self, fw: _FileWarm) -> None:
+        """A cancelled job lets go of a file in flight without waiting for its blocks (their fills end
+        on their own and stay cached)."""
+        for block in fw.blocks:
+            self.engine.cache.unpin(block)
+        self.engine.release(fw.fh)
 
     def _finish(self, job: WarmJob, fw: _FileWarm) -> None:
         """Wait for the file's blocks together (one deadline); count what it got; release it."""
@@ -572,7 +649,7 @@ class WarmJobs:
                 if why:
                     return
                 if fw.declined or not queued:
-                    job.declined += 1
+                    job.decline(DECLINE_RAM if fw.declined else DECLINE_WRITE_QUEUE)
                     return
                 job.unconfirmed.append((fw.entry.dkey, fw.entry.size))
                 due = len(job.unconfirmed) >= DISK_CONFIRM_FILES or (
@@ -585,7 +662,7 @@ class WarmJobs:
             job.files_done += 1
             job.bytes_done += got
             if fw.declined and not why:
-                job.declined += 1
+                job.decline(DECLINE_RAM)
 
     def _confirm_disk(self, job: WarmJob) -> None:
         """Disk warm: wait for the tier's writes of the files written, then count them as done in what
@@ -597,13 +674,13 @@ class WarmJobs:
         store = self.engine.disk.store
         deadline = time.monotonic() + DISK_FLUSH_SECONDS
         for dkey, size in files:
-            while store.pending(dkey) and time.monotonic() < deadline and not self._stopping():
+            while store.pending(dkey) and time.monotonic() < deadline and not self._stopping() and not job.cancelled:
                 time.sleep(DISK_POLL_SECONDS)
             held = store.held_bytes(dkey)
             with job.lock:
                 job.bytes_done += held
                 if held < size:
-                    job.declined += 1
+                    job.decline(DECLINE_DISK_ROOM)
 
 
 def warm_now(

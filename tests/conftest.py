@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from fastfs.daemon import mount as daemon_mount
+from fastfs.daemon import mounttable
 from fastfs.daemon.control import XATTR_STATS
-from fastfs.daemon.mount import unescape_field
+from fastfs.daemon.mounttable import unescape_field
 
 FASTFS = [sys.executable, "-m", "fastfs"]
 # Seconds a daemon gets to exit after SIGTERM before it is unmounted and killed.
@@ -41,6 +41,11 @@ SERVED = "fuse.passthrough=off"
 
 
 _STATE_DIR: list[str] = []
+# Mount records of the daemons tests start go to a temporary directory, never to /run/fastfs; every
+# command the tests run inherits it.
+_RUNTIME_DIR = tempfile.mkdtemp(prefix="fastfs-test-run-")
+atexit.register(shutil.rmtree, _RUNTIME_DIR, True)
+os.environ.setdefault(mounttable.RUNTIME_ENV, _RUNTIME_DIR)
 
 
 def _session_state_dir() -> str:
@@ -94,8 +99,8 @@ def is_mounted(path: str | os.PathLike) -> bool:
 
 
 def force_unmount(path: str | os.PathLike) -> None:
-    """Unmount the FUSE mount at *path* while it is one: fastfs.daemon.mount.force_unmount, for any FUSE."""
-    daemon_mount.force_unmount(path, any_fuse=True)
+    """Unmount the FUSE mount at *path* while it is one: fastfs.daemon.mounttable.force_unmount, for any FUSE."""
+    mounttable.force_unmount(path, any_fuse=True)
 
 
 # -- mounting -------------------------------------------------------------------------------------

@@ -17,6 +17,6 @@ __all__ = ["STATS_RELPATH", "XATTR_STATS", "force_unmount_any"]
 
 def force_unmount_any(path: str | os.PathLike[str]) -> None:
     """Unmount the FUSE mount at *path* while it is one (any FUSE file system, not only fastfs); never raises."""
-    from fastfs.daemon import mount
+    from fastfs.daemon import mounttable
 
-    mount.force_unmount(path, any_fuse=True)
+    mounttable.force_unmount(path, any_fuse=True)

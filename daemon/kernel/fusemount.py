@@ -28,6 +28,7 @@ FUSERMOUNT_TIMEOUT = 30.0
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_NOATIME = 1024
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -50,6 +51,8 @@ class MountOptions:
     """Let users other than the mounting one in."""
     default_permissions: bool = False
     """The kernel checks mode bits against the caller (always with allow_other)."""
+    noatime: bool = False
+    """Mount flag noatime (shown in the mount table)."""
 
     @property
     def fstype(self) -> str:
@@ -93,7 +96,7 @@ def _mount_direct(fd: int, mountpoint: str, options: MountOptions) -> None:
         data += ",allow_other"
     if options.default_permissions or options.allow_other:
         data += ",default_permissions"
-    flags = MS_RDONLY | MS_NOSUID | MS_NODEV
+    flags = MS_RDONLY | MS_NOSUID | MS_NODEV | (MS_NOATIME if options.noatime else 0)
     rc = _libc.mount(
         os.fsencode(options.fsname), os.fsencode(mountpoint), options.fstype.encode(), flags, data.encode()
     )
@@ -110,6 +113,8 @@ def _mount_fusermount(mountpoint: str, options: MountOptions) -> int:
         opts.append("allow_other")
     if options.default_permissions or options.allow_other:
         opts.append("default_permissions")
+    if options.noatime:
+        opts.append("noatime")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         env = {**os.environ, "_FUSE_COMMFD": str(theirs.fileno())}

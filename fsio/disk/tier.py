@@ -136,7 +136,10 @@ class DiskTier:
     @staticmethod
     def keeps(dkey: Key, block: Block, n: int, length: int) -> bool:
         """Whether a fill of ``block`` that got ``n`` of its ``length`` bytes is written to disk: whole
-        blocks of the file only (not head windows, which lie at any offset, nor short reads)."""
+        blocks of the file only (not head windows, which lie at any offset, nor short reads), and not
+        blocks of a disk warm (it writes them itself with :meth:`ensure`, waiting for queue room)."""
+        if getattr(block, "disk_warm", False):
+            return False
         return bool(dkey) and n == length and n > 0 and not isinstance(block.key[0], HeadKey)
 
     def store_block(self, dkey: Key, size: int, block: Block, n: int, unpin: Callable[[Block], None]) -> bool:

@@ -26,6 +26,8 @@ MIB = 1 << 20
 METRIC_RE = re.compile(r"\b(fastfs_[a-z0-9_]+|process_[a-z0-9_]+)\b")
 SELECTOR_LABEL_RE = re.compile(r"\{([^}]*)\}")
 GROUP_RE = re.compile(r"\bby \(([^)]*)\)")
+# Labels Prometheus adds to every scraped sample (the target's), not exported by the daemon.
+SCRAPE_LABELS = {"instance", "job"}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,23 @@ def test_dashboard_is_a_grafana_dashboard() -> None:
         assert panel["title"] and panel["targets"] and panel["gridPos"]["w"] <= 24
         assert all(t["expr"] and t["refId"] for t in panel["targets"])
     variables = {v["name"] for v in dashboard["templating"]["list"]}
-    assert {"datasource", "mount"} <= variables
+    assert {"datasource", "instance", "mount"} <= variables
+
+
+def test_every_query_selects_and_groups_by_host() -> None:
+    """Without an instance variable, `sum by (mount)` merged every host that mounts /mnt/fast (issue 26)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = _strings(dashboard.get("panels", []), "expr")
+    assert panels
+    for query in panels:
+        for selector in SELECTOR_LABEL_RE.findall(query):
+            assert 'instance=~"$instance"' in selector and 'mount=~"$mount"' in selector, query
+        for group in GROUP_RE.findall(query):
+            assert "instance" in [x.strip() for x in group.split(",")], query
+    for legend in _strings(dashboard["panels"], "legendFormat"):
+        assert "{{instance}}" in legend, legend
+    (mount,) = [v for v in dashboard["templating"]["list"] if v["name"] == "mount"]
+    assert 'instance=~"$instance"' in mount["query"]["query"]
 
 
 def test_dashboard_uses_only_exported_metric_names(exported: tuple[set[str], set[str]]) -> None:
@@ -100,11 +118,11 @@ def test_dashboard_uses_only_exported_metric_names(exported: tuple[set[str], set
     assert not unknown, f"not exported by the daemon: {sorted(unknown)}"
     # the main families are all shown
     for family in (
-        "fastfs_bytes_requested_total",
-        "fastfs_bytes_fetched_total",
+        "fastfs_requested_bytes_total",
+        "fastfs_fetched_bytes_total",
         "fastfs_cache_bytes",
         "fastfs_cache_budget_bytes",
-        "fastfs_pread_duration_seconds_bucket",
+        "fastfs_source_read_duration_seconds_bucket",
         "fastfs_patterns_total",
         "fastfs_source_errors_total",
         "fastfs_disk_cache_bytes",
@@ -118,7 +136,7 @@ def test_dashboard_uses_only_exported_metric_names(exported: tuple[set[str], set
 
 def test_dashboard_uses_only_exported_labels(exported: tuple[set[str], set[str]]) -> None:
     _, labels = exported
-    labels = labels | {"le"}
+    labels = labels | {"le"} | SCRAPE_LABELS
     dashboard = json.loads(DASHBOARD.read_text())
     used: set[str] = set()
     for query in _queries(dashboard):
@@ -135,5 +153,5 @@ def test_dashboard_uses_only_exported_labels(exported: tuple[set[str], set[str]]
 
 def test_the_name_check_catches_a_typo(exported: tuple[set[str], set[str]]) -> None:
     names, _ = exported
-    assert "fastfs_bytes_requested_total" in names
-    assert not {m for m in METRIC_RE.findall("rate(fastfs_bytes_requestd_total[5m])")} <= names
+    assert "fastfs_requested_bytes_total" in names
+    assert not {m for m in METRIC_RE.findall("rate(fastfs_requested_byts_total[5m])")} <= names

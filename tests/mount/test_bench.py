@@ -6,13 +6,14 @@ import argparse
 import glob
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import fuse_mounts, rand_bytes, run_cli, tree_digest
+from conftest import fuse_mounts, mounted, rand_bytes, run_cli, tree_digest
 
-from fastfs.daemon import bench
+from fastfs.daemon.cli import bench
 
 MIB = 1 << 20
 SMALL_MAX = MIB
@@ -51,8 +52,8 @@ def test_choose_without_candidates() -> None:
          "this storage is fast locally: fastfs gains nothing here (large files 0.80x, small files 0.30x)"),
         (2.5, 0.9, True, "fastfs is 2.5x faster on large files here; small files: no gain (0.90x)"),
         (None, 3.0, True, "fastfs is 3.0x faster on small files here"),
-        (0.5, None, False, "caches could not be dropped (run as root for the cold passes that decide); "
-                           "hot passes only: large files 0.50x"),
+        (0.5, None, False, "caches were not dropped (--drop-caches, as root, runs the cold passes that decide; "
+                           "it empties the page cache of the whole machine); hot passes only: large files 0.50x"),
         (None, None, True, "nothing to compare: no file of a measurable size was found"),
     ],
 )  # fmt: skip
@@ -113,8 +114,11 @@ def _check_doc(doc: dict, tree: Path, cold: bool) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="cold passes need root")
 def test_bench_on_a_tiny_tree_as_root(tree: Path) -> None:
     before, temps = tree_digest(tree), _bench_temp_dirs()
-    result = run_cli("bench", tree, "--json", "--large-bytes", "4M", "--small-files", "25", timeout=300)
+    result = run_cli(
+        "bench", tree, "--json", "--drop-caches", "--large-bytes", "4M", "--small-files", "25", timeout=300
+    )
     assert result.returncode == 0, result.stderr
+    assert result.stderr == ""  # --json: no progress lines
     doc = json.loads(result.stdout)
     _check_doc(doc, tree, cold=True)
     assert doc["root"] is True
@@ -125,9 +129,9 @@ def test_bench_on_a_tiny_tree_as_root(tree: Path) -> None:
     assert not any(bench.TEMP_PREFIX in mp for mp, _ in fuse_mounts())
 
 
-def test_bench_without_dropping_caches(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The non-root path: no cold passes, a warm-up, hot passes only, and a verdict that says so."""
-    monkeypatch.setattr(bench, "can_drop_caches", lambda: False)
+def test_bench_never_drops_caches_unless_asked(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As root too (it dropped the page cache of the whole machine without asking): no cold passes, a
+    warm-up, hot passes only, and a verdict that says how to get the cold ones."""
 
     def no_drop() -> None:
         raise AssertionError("caches must not be dropped")
@@ -136,16 +140,15 @@ def test_bench_without_dropping_caches(tree: Path, monkeypatch: pytest.MonkeyPat
     before = tree_digest(tree)
     doc = bench.run(str(tree), large_bytes=4 * MIB, small_files=25)
     _check_doc(doc, tree, cold=False)
-    assert doc["verdict"].startswith("caches could not be dropped (run as root")
+    assert doc["verdict"].startswith("caches were not dropped (--drop-caches, as root, runs the cold passes")
     table = bench.format_table(doc)
-    assert "not root: caches were not dropped" in table and ", cold" not in table
+    assert "caches were not dropped (no --drop-caches)" in table and ", cold" not in table
     assert "large file, hot" in table and "small files, hot" in table
     assert tree_digest(tree) == before
     assert not any(bench.TEMP_PREFIX in mp for mp, _ in fuse_mounts())
 
 
-def test_bench_table_output_and_a_single_file(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "can_drop_caches", lambda: False)  # one test drops caches (above): enough
+def test_bench_table_output_and_a_single_file(tree: Path) -> None:
     target = tree / "shards" / "big.bin"
     doc = bench.run(str(target), large_bytes=2 * MIB)
     assert doc["small"] is None and doc["large"]["file"] == "big.bin" and doc["large"]["amount"] == 2 * MIB
@@ -173,9 +176,8 @@ def test_bench_errors(tmp_path: Path) -> None:
     assert "positive" in _one_line_error(run_cli("bench", tmp_path, "--small-files", "0"), code=2)
 
 
-def test_bench_mount_failure_is_one_line_and_cleans_up(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_mount_failure_is_one_line_and_cleans_up(tree: Path) -> None:
     temps = _bench_temp_dirs()
-    monkeypatch.setattr(bench, "can_drop_caches", lambda: False)
     with pytest.raises(bench.BenchError, match="fastfs mount failed: "):
         bench.run(str(tree), large_bytes=MIB, small_files=10, mount_args=["-o", "cache.block_size=3M"])
     assert _bench_temp_dirs() == temps
@@ -184,16 +186,61 @@ def test_bench_mount_failure_is_one_line_and_cleans_up(tree: Path, monkeypatch: 
 def test_cli_main_passes_options_to_the_mount(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
 
-    def fake_run(path, large_bytes, small_files, mount_args, small_max, progress):
-        seen.update(path=path, mount_args=mount_args, small_max=small_max)
+    def fake_run(path, large_bytes, small_files, mount_args, small_max, progress, drop):
+        seen.update(path=path, mount_args=mount_args, small_max=small_max, drop=drop)
         return {"path": path}
 
     monkeypatch.setattr(bench, "run", fake_run)
     monkeypatch.setattr(bench, "format_table", lambda doc: "table")
     args = argparse.Namespace(
         path=str(tree), large_bytes=MIB, small_files=5, json=False, config=None, profile="training",
-        options=["small_file_max=2M"],
+        options=["small_file_max=2M"], drop_caches=False,
     )  # fmt: skip
     assert bench.main(args) == 0
-    assert seen["mount_args"] == ["--profile", "training", "-o", "small_file_max=2M"]
+    assert seen["mount_args"] == ["--profile", "training", "-o", "small_file_max=2M"] and seen["drop"] is False
     assert seen["small_max"] == 2 * MIB  # the split between the workloads follows the mount's config
+
+
+def test_bench_shows_progress_per_pass_and_keeps_caches(tree: Path) -> None:
+    """The CLI as the user runs it (root here): one line per pass, hot only, caches left alone."""
+    result = run_cli("bench", tree, "--large-bytes", "4M", "--small-files", "25", timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    labels = [re.match(r"fastfs bench: \[(\d+)/10\] ([^:]+): (.+)$", line) for line in lines]
+    assert all(labels) and [int(m.group(1)) for m in labels] == list(range(1, 11)), lines
+    assert [m.group(2) for m in labels] == [
+        "direct, large file, warm-up", "direct, large file, hot", "direct, small files, warm-up",
+        "direct, small files, hot", "mounting fastfs", "fastfs, large file, warm-up", "fastfs, large file, hot",
+        "fastfs, small files, warm-up", "fastfs, small files, hot", "verifying the bytes read through fastfs",
+    ]  # fmt: skip
+    assert re.fullmatch(r"\d+\.\d\d s, [\d.]+ (B|KiB|MiB|GiB)/s", labels[1].group(3))
+    assert re.fullmatch(r"\d+\.\d\d s, [\d,]+ files/s", labels[3].group(3))
+    assert "caches were not dropped (no --drop-caches)" in result.stdout
+
+
+def test_bench_refuses_a_path_on_a_fastfs_mount(tree: Path, tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with mounted(tree, mnt):
+        for path in (mnt, mnt / "images"):
+            line = _one_line_error(run_cli("bench", path))
+            assert line == (
+                f"fastfs: error: {path} is on the fastfs mount {mnt}: fastfs over fastfs measures nothing; bench the"
+                f" storage under it ({tree})"
+            )
+
+
+def test_drop_caches_needs_root() -> None:
+    from asuser import run_as, shared_dir
+
+    with shared_dir() as base:
+        (base / "f.bin").write_bytes(b"x" * 4096)
+
+        def as_nobody() -> str:
+            try:
+                bench.run(str(base), drop=True)
+            except bench.BenchError as e:
+                return str(e)
+            return "ran"
+
+        assert run_as(as_nobody) == "--drop-caches needs root (it writes /proc/sys/vm/drop_caches)"

@@ -33,8 +33,9 @@ from conftest import FASTFS, rand_bytes, run_cli
 
 from fastfs.config import schema
 from fastfs.config.loader import load_config
-from fastfs.daemon import mounthelper, service
-from fastfs.daemon.mount import force_unmount, is_fastfs, mounts
+from fastfs.daemon import mounttable
+from fastfs.daemon.cli import mounthelper, service
+from fastfs.daemon.mounttable import force_unmount, is_fastfs, mounts
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "fastfs@.service"
@@ -298,6 +299,47 @@ def test_install_service_cli(tmp_path: Path) -> None:
     assert (tmp_path / "etc/fastfs/example.yaml").read_bytes() == EXAMPLE.read_bytes()
 
 
+def test_uninstall_service_removes_what_install_service_installed(tmp_path: Path) -> None:
+    assert run_cli("install-service", "--prefix", tmp_path).returncode == 0
+    unit, link = tmp_path / "etc/systemd/system/fastfs@.service", tmp_path / "sbin/mount.fuse.fastfs"
+    example, own = tmp_path / "etc/fastfs/example.yaml", tmp_path / "etc/fastfs/data.yaml"
+    own.write_text("source: /data\nmountpoint: /mnt/data\n")
+    assert unit.is_file() and link.is_symlink() and example.is_file()
+    done = run_cli("uninstall-service", "--prefix", tmp_path)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.splitlines() == [
+        f"removed {unit}",
+        f"removed {link}",
+        f"removed {example}",
+        f"kept the configs in {tmp_path / 'etc/fastfs'}: data.yaml",
+    ]
+    assert not unit.exists() and not link.is_symlink() and not example.exists()
+    assert own.read_text() == "source: /data\nmountpoint: /mnt/data\n"
+    again = run_cli("uninstall-service", "--prefix", tmp_path)
+    assert again.returncode == 0 and again.stdout.splitlines() == [
+        f"kept the configs in {tmp_path / 'etc/fastfs'}: data.yaml"
+    ]
+
+
+def test_uninstall_service_keeps_what_it_did_not_install(tmp_path: Path) -> None:
+    assert service.install(argparse.Namespace(prefix=str(tmp_path))) == 0
+    unit, link = tmp_path / "etc/systemd/system/fastfs@.service", tmp_path / "sbin/mount.fuse.fastfs"
+    example = tmp_path / "etc/fastfs/example.yaml"
+    unit.write_text("[Unit]\nDescription=someone else's unit\n")
+    link.unlink()
+    link.write_text("#!/bin/sh\n")  # a helper installed by a package
+    example.write_text("cache:\n  budget: 2G\n")
+    done = run_cli("uninstall-service", "--prefix", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"kept {unit}: it is not the unit fastfs installs",
+        f"kept {link}: installed by a package, not by fastfs install-service",
+        f"kept {example}: edited",
+        f"kept the configs in {tmp_path / 'etc/fastfs'}: example.yaml",
+    ]
+    assert unit.exists() and link.read_text() == "#!/bin/sh\n" and example.exists()
+
+
 def test_install_service_unwritable_prefix_fails_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -421,7 +463,7 @@ def test_cleanup_detaches_only_dead_mounts(src: Path, mnt: Path, tmp_path: Path)
     (src / "h.bin").write_bytes(b"x" * 4096)
     cfg = tmp_path / "unit.yaml"
     cfg.write_text(yaml.safe_dump({"source": str(src), "mountpoint": str(mnt)}))
-    cleanup = [sys.executable, "-m", "fastfs.daemon.service", "cleanup", str(cfg)]
+    cleanup = [sys.executable, "-m", "fastfs.daemon.cli.service", "cleanup", str(cfg)]
     with _daemon(src, mnt, tmp_path, []) as d:
         _wait_for(lambda: _live(mnt), "mount", proc=d.proc, log=d.log)
         # A live mount is left alone.
@@ -434,7 +476,7 @@ def test_cleanup_detaches_only_dead_mounts(src: Path, mnt: Path, tmp_path: Path)
         assert _fuse_mounted(mnt) == 1
         with pytest.raises(OSError) as exc:
             os.statvfs(mnt)
-        assert exc.value.errno in service.DEAD_ERRNOS
+        assert exc.value.errno in mounttable.DEAD_ERRNOS
         # ... until the unit's ExecStopPost removes it.
         done = subprocess.run(cleanup, capture_output=True, text=True, timeout=CMD_TIMEOUT)
         assert done.returncode == 0, done.stderr
@@ -459,7 +501,9 @@ def test_cleanup_tolerates_bad_config(tmp_path: Path) -> None:
         ("rw", None, {}),
         ("defaults", None, {}),
         ("ro,budget=2G,config=/etc/fastfs/x.yaml,_netdev", "/etc/fastfs/x.yaml", {"cache.budget": "2G"}),
-        ("ro,noatime,nodev,nosuid,noexec,exec,auto,noauto,user,nouser,nofail,sync,async", None, {}),
+        ("ro,nodev,nosuid,noexec,exec,auto,noauto,user,nouser,nofail,sync,async", None, {}),
+        ("ro,noatime,nonempty,allow_root", None,
+         {"fuse.noatime": "true", "fuse.nonempty": "true", "fuse.allow_root": "true"}),
         ("x-systemd.automount,x-systemd.requires=nfs.mount,X-mount.mkdir,comment=systemd.x", None, {}),
         ("workers=8,block_size=1M,max_window=32M", None,
          {"cache.workers": "8", "cache.block_size": "1M", "readahead.max_window": "32M"}),
@@ -471,7 +515,8 @@ def test_cleanup_tolerates_bad_config(tmp_path: Path) -> None:
          {"log.file": "/var/log/fast fs.log", "log.level": "debug"}),
         ("metrics=127.0.0.1:9188", None, {"stats.metrics": "127.0.0.1:9188"}),
         ("budget=1G,budget=2G", None, {"cache.budget": "2G"}),
-        ("default_permissions,fsname=data,subtype=fastfs", None, {}),
+        ("default_permissions,fsname=data,subtype=fastfs", None,
+         {"fuse.default_permissions": "true", "fuse.fsname": "data", "fuse.subtype": "fastfs"}),
         ("uid=1000,gid=100,umask=022,file_mode=0644,dir_mode=0755", None,
          {"fuse.uid": "1000", "fuse.gid": "100", "fuse.umask": "022", "fuse.file_mode": "0644",
           "fuse.dir_mode": "0755"}),
@@ -529,6 +574,14 @@ def _check_mounted_and_unmount(mnt: Path, name: str, data: bytes, budget: int) -
     _wait_for(lambda: not _pids_using(mnt), "the background daemon to exit")
 
 
+def _check_standard_options(mnt: Path) -> None:
+    """The mount made from ro,allow_other,default_permissions,fsname=trainset,noatime shows them."""
+    with open("/proc/mounts", encoding="utf-8") as f:
+        (line,) = [fields for fields in map(str.split, f) if fields[1:2] == [str(mnt)]]
+    assert line[0] == "trainset" and line[2] == "fuse.fastfs"
+    assert {"ro", "noatime", "allow_other", "default_permissions"} <= set(line[3].split(","))
+
+
 def test_helper_called_as_mount_does(src: Path, mnt: Path, tmp_path: Path) -> None:
     assert HELPER.is_file(), f"console script {HELPER} missing: pip install -e the repository"
     data = rand_bytes(5 * MIB + 3, 3)
@@ -566,6 +619,21 @@ def test_mount_t_fuse_fastfs(src: Path, mnt: Path, tmp_path: Path) -> None:
                                   capture_output=True, text=True, timeout=CMD_TIMEOUT)  # fmt: skip
             assert done.returncode == 0, done.stderr
             _check_mounted_and_unmount(mnt, "b.bin", data, 96 * MIB)
+
+            # The standard FUSE options with their usual meaning, by -t and from an fstab line.
+            standard = "ro,allow_other,default_permissions,fsname=trainset,noatime"
+            done = subprocess.run(["mount", "-t", "fuse.fastfs", str(src), str(mnt), "-o", standard],
+                                  env=_helper_env(tmp_path), capture_output=True, text=True,
+                                  timeout=CMD_TIMEOUT)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            _check_standard_options(mnt)
+            _check_mounted_and_unmount(mnt, "b.bin", data, _budget(mnt))
+            fstab.write_text(f"{src} {mnt} fuse.fastfs {standard},_netdev 0 0\n")
+            done = subprocess.run(["mount", "--fstab", str(fstab), str(mnt)], env=_helper_env(tmp_path),
+                                  capture_output=True, text=True, timeout=CMD_TIMEOUT)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            _check_standard_options(mnt)
+            _check_mounted_and_unmount(mnt, "b.bin", data, _budget(mnt))
 
             # A bad option fails with one line and mounts nothing.
             done = subprocess.run(["mount", "-t", "fuse.fastfs", str(src), str(mnt), "-o", "ro,bogus=1"],

@@ -5,15 +5,17 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import SERVED, force_unmount, is_mounted, mounted, rand_bytes, run_cli
+from conftest import SERVED, force_unmount, is_mounted, mounted, rand_bytes, run_cli, wait_for
 
-from fastfs.daemon import status
-from fastfs.daemon.mount import MountEntry
+from fastfs.daemon.cli import status
+from fastfs.daemon.mounttable import MountEntry, find_mount, mount_record
 
 STATUS_KEYS = {
     "mountpoint",
@@ -158,3 +160,95 @@ def test_background_mount_prints_one_line_with_mountpoint_pid_and_log(tmp_path: 
         assert run_cli("umount", mnt).returncode == 0
     finally:
         force_unmount(mnt)
+
+
+# -- a killed daemon over a hung source (issue 24 item 4) -------------------------------------------------
+# Seconds a `fastfs status` may take: its deadline (5 s) plus interpreter start-up on a loaded machine.
+STATUS_BOUND = status.PROBE_TIMEOUT + 3.0
+# Seconds a `fastfs umount` of a dead mount may take (it never waits for the mount).
+UMOUNT_BOUND = 15.0
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return "gone"
+    return text[text.rindex(")") + 2]
+
+
+def _waits_on_fuse(pid: int) -> bool:
+    """True when a thread of *pid* waits for a FUSE request's answer (here: a read of the hung source)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/wchan") as f:
+                if f.read() == "request_wait_answer":
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _timed_cli(*args: object) -> tuple[float, object]:
+    start = time.monotonic()
+    result = run_cli(*args, timeout=60)
+    return time.monotonic() - start, result
+
+
+def test_a_daemon_killed_over_a_hung_source_is_dead_and_umount_recovers(tmp_path: Path) -> None:
+    """kill -9 of a daemon whose read of a hung source blocks a reader: status said `unresponsive`
+    after 5 s, a second status ran past 20 s, `stat MNT` hung and `fastfs umount` hung past 30 s."""
+    from faultfs import faultfs_mounted
+
+    backing, src, mnt = tmp_path / "backing", tmp_path / "faultsrc", tmp_path / "mnt"
+    for d in (backing, src, mnt):
+        d.mkdir()
+    (backing / "slow.bin").write_bytes(rand_bytes(2 << 20, 9))
+    with faultfs_mounted(backing, src, tmp_path / "faultfs-work") as fault:
+        fault.set(hang=["/slow.bin"])
+        reader = None
+        try:
+            with mounted(src, mnt, options=["read_timeout=300", "request_timeout=300"]) as m:
+                reader = subprocess.Popen(["dd", f"if={mnt}/slow.bin", "of=/dev/null", "bs=1M"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                assert wait_for(lambda: _proc_state(reader.pid) == "D", timeout=30)  # blocked in the mount
+                assert wait_for(lambda: _waits_on_fuse(m.pid), timeout=30)  # the daemon's read of the source
+                assert wait_for(lambda: mount_record(find_mount(str(mnt))) is not None, timeout=30)
+                m.proc.kill()
+                assert wait_for(lambda: _proc_state(m.pid) in ("Z", "gone"), timeout=30)
+                assert is_mounted(mnt)
+                for _ in range(2):  # the second one too: nothing of the first is left waiting
+                    seconds, result = _timed_cli("status", mnt, "--json")
+                    assert seconds < STATUS_BOUND, seconds
+                    assert result.returncode == 1, result.stderr
+                    (entry,) = json.loads(result.stdout)["mounts"]
+                    assert (entry["state"], entry["recover"]) == ("dead", f"fastfs umount {mnt}"), entry
+                    assert entry["source"] == str(src) and f"pid {m.pid}" in entry["error"]
+                seconds, table = _timed_cli("status")
+                assert seconds < STATUS_BOUND and f"recover with: fastfs umount {mnt}" in table.stdout
+                seconds, done = _timed_cli("umount", mnt)
+                assert seconds < UMOUNT_BOUND and done.returncode == 0, done.stderr
+                assert not is_mounted(mnt)
+                assert reader.wait(timeout=30) != 0  # the blocked read returned (an error) once aborted
+                fault.clear()  # the killed daemon's stuck thread returns, and the process can be reaped
+        finally:
+            fault.clear()
+            if reader is not None and reader.poll() is None:
+                reader.kill()
+            force_unmount(mnt)
+
+
+def test_a_stopped_daemon_is_unresponsive_within_the_deadline(src: Path, mnt: Path) -> None:
+    (src / "f").write_bytes(b"x")
+    with mounted(src, mnt) as m:
+        os.kill(m.pid, signal.SIGSTOP)
+        try:
+            for _ in range(2):
+                seconds, result = _timed_cli("status", mnt, "--json")
+                assert seconds < STATUS_BOUND, seconds
+                (entry,) = json.loads(result.stdout)["mounts"]
+                assert entry["state"] == "unresponsive" and entry["recover"] == f"fastfs umount --lazy {mnt}"
+        finally:
+            os.kill(m.pid, signal.SIGCONT)
+        assert json.loads(run_cli("status", mnt, "--json").stdout)["mounts"][0]["state"] == "ok"

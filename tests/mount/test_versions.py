@@ -243,7 +243,7 @@ for package in (fastfs.config, fastfs.daemon, fastfs.fsio):
 os.setgroups([])
 os.setresgid({gid}, {gid}, {gid})
 os.setresuid({uid}, {uid}, {uid})
-from fastfs.daemon.cli import main
+from fastfs.daemon.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 PROBE_AS = """

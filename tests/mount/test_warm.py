@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import SERVED, mounted, run_cli
 
-from fastfs.daemon import warm
+from fastfs.daemon.cli import warm
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -59,9 +59,7 @@ def test_warm_tree_then_reads_are_served_from_cache(src: Path, mnt: Path, tmp_pa
         assert int(match.group(1)) == len(files)  # regular files only, symlinks not followed
         assert r.stderr.strip() == ""
         after = counters(m)
-        fetched = (after["bytes_fetched_prefetch"] + after["bytes_fetched_demand"]) - (
-            before["bytes_fetched_prefetch"] + before["bytes_fetched_demand"]
-        )
+        fetched = after["bytes_fetched_warm"] - before["bytes_fetched_warm"]  # counted apart from prefetch
         assert fetched >= total, (fetched, total)
 
         # The data is now in the daemon's cache: reading every file is served from it, byte-exact.
@@ -70,7 +68,9 @@ def test_warm_tree_then_reads_are_served_from_cache(src: Path, mnt: Path, tmp_pa
         final = counters(m)
         served = final["bytes_served_from_cache"] - after["bytes_served_from_cache"]
         assert served >= total, (served, total)
-        refetched = sum(final[k] - after[k] for k in ("bytes_fetched_prefetch", "bytes_fetched_demand"))
+        refetched = sum(
+            final[k] - after[k] for k in ("bytes_fetched_prefetch", "bytes_fetched_demand", "bytes_fetched_warm")
+        )
         assert refetched == 0  # nothing had to come from the source again
 
 
@@ -86,7 +86,7 @@ def test_warm_single_file_and_subdirectory(src: Path, mnt: Path, tmp_path: Path)
         assert r.returncode == 0, r.stderr
         assert SUMMARY.search(r.stdout).group(1) == "40"  # a file named twice is warmed once
         after = counters(m)
-        fetched = sum(after[k] - before[k] for k in ("bytes_fetched_prefetch", "bytes_fetched_demand"))
+        fetched = after["bytes_fetched_warm"] - before["bytes_fetched_warm"]
         assert fetched >= len(files["big.bin"]) + small
         assert (mnt / "big.bin").read_bytes() == files["big.bin"]
 
@@ -206,7 +206,7 @@ class FakeDaemon:
     def getxattr(self, path, name, *, follow_symlinks=True):
         assert follow_symlinks is False
         path = os.fspath(path)
-        if name == warm.XATTR_WARM:
+        if name in (warm.XATTR_WARM, warm.XATTR_DISK_WARM):
             if self.start_error is not None:
                 self.start_error(path)
             if self.busy:
@@ -348,12 +348,53 @@ def test_find_mount_root(tmp_path: Path) -> None:
 
 def test_progress_counts_files_and_shows_bytes(capsys) -> None:
     bar = warm._Progress(True)
-    bar.show(10, 2000, 5 * MIB, 3 << 30)
-    bar.show(1900, 2000, 3 << 30, 3 << 30)
+    bar.show(10, 2000, 5 * MIB, 3 << 30, listed=True)
+    bar.show(1900, 2000, 3 << 30, 3 << 30, listed=True)
     bar.close()
     err = capsys.readouterr().err
     assert "10/2000" in err and "1900/2000" in err and " 95%" in err  # by files, not weighed by bytes
     assert "5.0 MiB of 3.0 GiB" in err and "GB" not in err
+
+
+def test_progress_has_no_total_until_the_trees_are_listed(capsys) -> None:
+    """The total grew during the walk (0/5 ... 0/1273, ETA 54:47): no total and no ETA before it is known."""
+    bar = warm._Progress(True)
+    bar.show(0, 5, 0, 5 * MIB, listed=False)
+    bar.show(3, 1273, 2 * MIB, 900 * MIB, listed=False)
+    during = capsys.readouterr().err
+    bar.show(1273, 1273, 900 * MIB, 900 * MIB, listed=True)
+    bar.close()
+    after = capsys.readouterr().err
+    assert "/5" not in during and "/1273" not in during and "<" not in during  # no total, no ETA
+    assert "2.0 MiB, listing" in during
+    assert "1273/1273" in after and "900.0 MiB of 900.0 MiB" in after
+
+
+def test_run_warm_shows_a_total_only_once_every_job_listed(fake_mount: Path, monkeypatch) -> None:
+    shown: list[tuple[int, bool]] = []
+
+    class Recorder:
+        def show(self, files_done, files_total, bytes_done, bytes_total, listed):
+            shown.append((files_total, listed))
+
+    polls = iter([False, False, True])
+
+    def report(path: str) -> dict:
+        return {"files_total": 7, "files_done": 7, "bytes_total": 7, "bytes_done": 7}
+
+    daemon = FakeDaemon(report, polls=3)
+    original = daemon.getxattr
+
+    def getxattr(path, name, *, follow_symlinks=True):
+        doc = json.loads(original(path, name, follow_symlinks=follow_symlinks))
+        if "path" in doc:
+            doc["listed"] = next(polls, True)
+        return json.dumps(doc).encode()
+
+    monkeypatch.setattr(os, "getxattr", getxattr)
+    result = warm.run_warm([(str(fake_mount / "d"), str(fake_mount))], 1, Recorder())
+    assert result.files_done == 7
+    assert [listed for _, listed in shown][:2] == [False, False] and shown[-1][1] is True
 
 
 def test_warm_on_a_passthrough_mount_fills_the_source_page_cache(src: Path, mnt: Path) -> None:
@@ -378,3 +419,187 @@ def test_warm_on_a_passthrough_mount_fills_the_source_page_cache(src: Path, mnt:
         assert counters(m)["bytes_passthrough_warmed"] >= len(data)
         assert counters(m)["bytes_fetched_prefetch"] == 0  # nothing went to the RAM cache
         assert (mnt / "big.bin").read_bytes() == data
+
+
+# -- issue 24 items 7 and 8 --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("reasons", "disk", "expected"),
+    [
+        ({"ram": 2}, False, "2 files only partly cached: the cache budget is full"),
+        ({"write_queue": 7}, True, "7 files only partly on disk: the disk tier's write queue had no room for them"
+                                   " within readahead.read_timeout (the disk writes more slowly than the source"
+                                   " reads)"),
+        ({"disk_room": 3}, True, "3 files only partly on disk: the disk budget or free-space floor left no room for"
+                                 " all of them"),
+        ({"ram": 1}, True, "1 files only partly on disk: the RAM cache had no room for their blocks on the way to the"
+                           " disk (raise cache.budget)"),
+    ],
+)  # fmt: skip
+def test_warm_says_why_files_were_declined(
+    fake_mount: Path, monkeypatch, capsys, reasons: dict, disk: bool, expected: str
+) -> None:
+    """`warm --disk` said "the disk budget or free-space floor left no room" when the stats showed 0
+    writes refused for room and 7 dropped because the write queue was full."""
+    n = sum(reasons.values())
+    base = {"files_total": 9, "files_done": 9, "bytes_total": 9, "bytes_done": 1, "declined": n}
+    monkeypatch.setattr(os, "getxattr", FakeDaemon(lambda p: {**base, "declined_reasons": reasons}).getxattr)
+    assert run_main([fake_mount / "d" / "03"], disk=disk) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert f"fastfs warm: {expected}" in err, err
+
+
+def test_ctrl_c_cancels_the_daemons_warm_job_and_says_so(tmp_path: Path) -> None:
+    """Ctrl-C of `fastfs warm` exited 130 and the daemon finished the job anyway."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import wait_for
+    from faultfs import faultfs_mounted
+
+    backing, fsrc, mnt = tmp_path / "backing", tmp_path / "faultsrc", tmp_path / "mnt"
+    for d in (backing / "t", fsrc, mnt):
+        d.mkdir(parents=True)
+    for i in range(300):
+        (backing / "t" / f"{i:03d}.bin").write_bytes(bytes([i % 256]) * 5000)
+    with faultfs_mounted(backing, fsrc, tmp_path / "faultfs-work") as fault:
+        fault.set(hang=["/t/010.bin"])  # the job stalls on it, with the rest of the tree still to warm
+        with mounted(fsrc, mnt, options=["read_timeout=300"]) as m:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fastfs", "warm", str(mnt / "t")],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            try:
+                assert wait_for(lambda: _job(mnt, 1).get("state") == "warming", timeout=30)
+                proc.send_signal(signal.SIGINT)
+                out, err = proc.communicate(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            assert proc.returncode == 130, (out, err)
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith(
+                "fastfs warm: interrupted: cancelled 1 warm job in the daemon; "
+            ), err
+            assert wait_for(lambda: _job(mnt, 1).get("done") is True, timeout=30)  # without the hang released
+            report = _job(mnt, 1)
+            assert report["cancelled"] is True and report["files_done"] < 300
+            fault.clear()
+            check = run_cli("warm", "--check", mnt / "t", timeout=120)
+            # the files the job never started were not warmed after all
+            assert check.returncode == 1 and "of 300 files cached" in check.stdout, check.stdout
+            assert m.proc.poll() is None
+
+
+def _job(mnt: Path, job: int) -> dict:
+    try:
+        return json.loads(os.getxattr(mnt, f"user.fastfs.warm.{job}"))
+    except OSError:
+        return {}
+
+
+def test_warms_are_counted_apart_from_prefetch(src: Path, mnt: Path) -> None:
+    """After a few warms and evictions the stats said amplification 14.87, accuracy 6.0 %, wasted 2.1 GiB."""
+    rng = random.Random(8)
+    files = {f"w/{i:02d}.bin": rng.randbytes(200 * KIB + i) for i in range(20)}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    total = sum(len(d) for d in files.values())
+    with mounted(src, mnt, options=[SERVED]) as m:
+        for _ in range(2):
+            assert run_cli("warm", mnt / "w").returncode == 0
+            assert run_cli("warm", "--evict", mnt / "w").returncode == 0
+        c = counters(m)
+        assert c["bytes_fetched_warm"] == 2 * total
+        assert c["bytes_evicted_on_request"] == 2 * total
+        assert c["bytes_fetched_prefetch"] == 0 and c["bytes_prefetch_wasted"] == 0
+        derived = m.stats()["derived"]
+        assert derived["amplification"] == 0 and derived["prefetch_accuracy"] == 0
+        lines = run_cli("stats", mnt).stdout.splitlines()
+        assert (
+            f"  warm               {warm.human(2 * total)} fetched by fastfs warm, {warm.human(2 * total)} evicted on"
+            " request (neither counts in amplification, accuracy or wasted)"
+        ) in lines
+        assert "  prefetch accuracy  - (used 0 B), wasted 0 B" in lines
+
+
+def _kernel_cached(path: Path) -> int:
+    """Bytes of *path* in the kernel's page cache (fincore)."""
+    out = subprocess_run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)])
+    return int(out.split()[0])
+
+
+def subprocess_run(cmd: list[str]) -> str:
+    import subprocess
+
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def test_evict_drops_the_kernels_page_cache_of_a_served_file_too(src: Path, mnt: Path) -> None:
+    """After `warm --evict` the next read was answered from the kernel's page cache, never reaching fastfs."""
+    data = random.Random(4).randbytes(3 * MIB)
+    (src / "f.bin").write_bytes(data)
+    with mounted(src, mnt, options=[SERVED]) as m:
+        assert (mnt / "f.bin").read_bytes() == data  # now in the kernel's page cache of the mount's file
+        before = counters(m)["bytes_requested"]
+        assert (mnt / "f.bin").read_bytes() == data
+        assert counters(m)["bytes_requested"] == before  # served by the kernel
+        r = run_cli("warm", "--evict", mnt / "f.bin")
+        assert r.returncode == 0 and r.stdout.startswith("evicted 3.0 MiB"), r.stdout
+        from conftest import wait_for
+
+        assert wait_for(lambda: _kernel_cached(mnt / "f.bin") == 0, timeout=10)
+        assert (mnt / "f.bin").read_bytes() == data
+        assert counters(m)["bytes_requested"] == before + len(data)  # this time it reached fastfs
+
+
+def test_evict_on_a_passthrough_mount_drops_freshly_written_files(src: Path, mnt: Path) -> None:
+    """`warm --evict` right after warming 28.6 MiB of small files reported 58.6 KiB evicted: the source
+    files had just been written, and dirty pages cannot be dropped until written back."""
+    rng = random.Random(5)
+    for i in range(60):
+        (src / f"{i:02d}.bin").write_bytes(rng.randbytes(30000))  # dirty in the page cache, no sync
+    with mounted(src, mnt):  # tmp is local: passthrough
+        assert run_cli("warm", mnt).returncode == 0
+        r = run_cli("warm", "--evict", mnt)
+        assert r.returncode == 0 and r.stdout.strip() == f"evicted {warm.human(60 * 30000)} from 60 files", r.stdout
+        check = run_cli("warm", "--check", mnt)
+        assert check.stdout.splitlines()[-1] == f"cached: 0 of 60 files, 0 B of {warm.human(60 * 30000)} (0.0%)"
+
+
+def test_a_disk_warm_waits_for_room_in_the_write_queue_instead_of_dropping(
+    src: Path, mnt: Path, tmp_path: Path
+) -> None:
+    """A small RAM budget makes a small write queue: the fills of a disk warm used to find it full and
+    drop their writes (counted in disk_writes_dropped) before the job queued them again itself."""
+    rng = random.Random(12)
+    for i in range(48):
+        (src / f"{i:02d}.bin").write_bytes(rng.randbytes(MIB))
+    for i in range(200):
+        (src / f"s{i:03d}.bin").write_bytes(rng.randbytes(20000))
+    total = 48 * MIB + 200 * 20000
+    with mounted(src, mnt, options=[SERVED, "budget=16M", f"disk_dir={tmp_path / 'disk'}"]) as m:
+        r = run_cli("warm", "--disk", mnt, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"warmed 248 files onto the disk tier, {warm.human(total)}" in r.stdout
+        c = counters(m)
+        assert c["disk_writes_dropped"] == 0 and c["disk_writes"] >= 248, c
+        check = run_cli("warm", "--disk", "--check", mnt)
+        assert check.returncode == 0 and check.stdout.splitlines()[-1].endswith("(100.0%)"), check.stdout
+
+
+def test_a_disk_warm_without_room_on_disk_says_so(src: Path, mnt: Path, tmp_path: Path) -> None:
+    rng = random.Random(13)
+    for i in range(4):
+        (src / f"{i}.bin").write_bytes(rng.randbytes(MIB))
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    floor = free + (1 << 30)  # more than is free: the tier may use nothing
+    with mounted(src, mnt, options=[SERVED, f"disk_dir={tmp_path / 'disk'}", f"disk_free_floor={floor}"]) as m:
+        r = run_cli("warm", "--disk", mnt, timeout=300)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert (
+            "fastfs warm: 4 files only partly on disk: the disk budget or free-space floor left no room for all of them"
+            in (r.stderr.splitlines())
+        ), r.stderr
+        assert counters(m)["disk_writes_dropped"] == 0

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastfs.config import Config, ConfigError, load_config, parse_overrides, schema
+from fastfs.config import Config, ConfigError, load_config, loader, parse_overrides, schema
 from fastfs.config.loader import ALIASES, parse_listen_address, parse_size
 from fastfs.config.schema import ConfigValueError
 
@@ -264,3 +264,24 @@ def test_bad_ownership_values(overrides, needle):
     with pytest.raises(ConfigError) as e:
         load_config(overrides=overrides, use_default_path=False)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_memory_problems_of_the_budget() -> None:
+    """A budget above the machine's memory is an error, one above 3/4 of it a warning (issue 24 item 6)."""
+    gib = 1 << 30
+    total = 23 * gib + 512 * (1 << 20)
+
+    def problems(budget: str) -> tuple[str | None, str | None]:
+        return loader.memory_problems(load_config(overrides={"cache.budget": budget}, use_default_path=False), total)
+
+    error, warning = problems("1T")
+    assert warning is None and error == (
+        "cache.budget: 1024 GiB is more than this machine's memory (23.5 GiB): the job reading the data would be"
+        " killed for it; use at most half, e.g. budget=11G, or 0 (auto)"
+    )
+    assert problems("20G") == (
+        None,
+        "cache.budget 20 GiB is 85% of this machine's memory (23.5 GiB): leave room for the job that reads the data",
+    )
+    assert problems("4G") == (None, None)
+    assert problems("0") == (None, None)

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fastfs.daemon import statscli
+from fastfs.daemon import summary
+from fastfs.daemon.cli import stats as statscli
 from fastfs.fsio import stats as m
 from fastfs.fsio.stats import Stats, encode_bounded
 
@@ -84,7 +85,7 @@ def test_summary_of_nothing_read_shows_dashes_not_zero_ratios() -> None:
     assert "amplification      - " in text
     assert "prefetch accuracy  - " in text
     assert "hit ratio -" in text
-    assert "amplification -" in statscli.summary_line(_snapshot())
+    assert "amplification -" in summary.summary_line(_snapshot())
 
 
 @pytest.mark.parametrize(
@@ -93,7 +94,7 @@ def test_summary_of_nothing_read_shows_dashes_not_zero_ratios() -> None:
 )
 def test_latency_is_never_shown_in_exponent_notation(seconds, shown) -> None:
     """Issue 12 finding 9: p99 was printed as "1e+02 ms"."""
-    assert statscli._ms(seconds) == shown
+    assert summary.ms(seconds) == shown
 
 
 def test_json_honours_top_and_a_top_beyond_the_table_says_so(monkeypatch, capsys) -> None:

@@ -1,4 +1,5 @@
-"""systemd and mount(8) integration: ``fastfs install-service`` and the unit's post-stop cleanup.
+"""systemd and mount(8) integration: ``fastfs install-service``, ``fastfs uninstall-service`` and the
+unit's post-stop cleanup.
 
 Design: the unit file and the example config are shipped as package data and copied, never
 generated, so what is installed is exactly what is reviewed and verified in the repository
@@ -9,7 +10,7 @@ a minimal PATH, on which a virtualenv's or pyenv's fastfs is not found (or anoth
 ``mount.fuse.fastfs`` console script is linked into ``/sbin``, the only place mount(8) looks for
 helpers, so ``mount -t fuse.fastfs`` and fstab lines work.
 
-``python -m fastfs.daemon.service cleanup CONFIG`` is the unit's ``ExecStopPost=``. A FUSE mount
+``python -m fastfs.daemon.cli.service cleanup CONFIG`` is the unit's ``ExecStopPost=``. A FUSE mount
 outlives its daemon when the daemon dies without unmounting (crash, SIGKILL after the stop
 timeout, a start killed before READY=1): the kernel keeps a dead mount that fails every access with
 ENOTCONN and blocks the next mount on the same directory. The cleanup reads the mountpoint from the
@@ -21,9 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import ctypes.util
-import errno
 import os
 import re
 import shutil
@@ -33,6 +31,17 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from fastfs.config.loader import ConfigError, read_yaml
+from fastfs.daemon.mounttable import (
+    MNT_DETACH,
+    abort_connection,
+    canonical,
+    find_mount,
+    is_fastfs,
+    mount_state,
+    umount2,
+)
 
 UNIT_NAME = "fastfs@.service"
 EXAMPLE_NAME = "fastfs.example.yaml"
@@ -46,7 +55,7 @@ HELPER_NAME = "mount.fuse.fastfs"
 UNIT_PACKAGE = "fastfs.systemd"
 CONFIG_PACKAGE = "fastfs.config"
 # Repository checkout layout, used when the package data is not installed (editable installs).
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO_UNIT = _REPO_ROOT / "systemd" / UNIT_NAME
 REPO_EXAMPLE = _REPO_ROOT / "config" / EXAMPLE_NAME
 # Portable command prefixes in the shipped unit, replaced by absolute paths on install.
@@ -54,14 +63,10 @@ ENV_FASTFS = "/usr/bin/env fastfs"
 ENV_PYTHON = "/usr/bin/env python3"
 # Unit files are world-readable configuration.
 FILE_MODE = 0o644
-# umount2 flag: detach now even while processes still hold files or a cwd inside the dead mount.
-MNT_DETACH = 2
 # FUSE mounts stack; a crash loop may have left several dead ones on the same directory.
 MAX_STACKED_MOUNTS = 16
 # Seconds to wait for fusermount3 when the process may not call umount2 itself.
 FUSERMOUNT_TIMEOUT = 30
-# errnos of a FUSE mount whose daemon is gone.
-DEAD_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
 
 
 class InstallError(Exception):
@@ -209,24 +214,99 @@ def install(args: Any) -> int:
     return 0
 
 
-# -- ExecStopPost cleanup ---------------------------------------------------------------------
-def _is_dead(path: str) -> bool:
-    """True when the FUSE mount on *path* has lost its daemon.
-
-    statfs always reaches the daemon, unlike stat, which the kernel may answer from its attribute
-    cache (attr_timeout) long after the daemon died.
-    """
+# -- uninstall-service ------------------------------------------------------------------------
+def _is_our_unit(path: Path) -> bool:
+    """True when *path* is a fastfs unit as install-service writes it (its Exec lines run fastfs)."""
     try:
-        os.statvfs(path)
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    shipped = {line for line in unit_text().splitlines() if line and not line.startswith("Exec")}
+    return shipped <= set(text.splitlines())
+
+
+def uninstall(args: Any) -> int:
+    """``fastfs uninstall-service [--prefix DIR]``: remove what install-service installed.
+
+    Removed: the unit (when it is fastfs's: every line but the Exec ones as shipped), the
+    ``mount.fuse.fastfs`` link (only a symlink to a ``mount.fuse.fastfs`` script: a helper installed
+    as a regular file by a package is kept) and the example config when it is unchanged. Kept and
+    said so: the instances' configs (``/etc/fastfs/NAME.yaml``), an edited example, learned state and
+    logs. Instances still running are named with the command that stops them, and nothing is removed
+    while one runs (its unit would vanish under systemd); the exit status is then 1.
+    """
+    prefix = Path(getattr(args, "prefix", None) or "/")
+    prog = "fastfs uninstall-service"
+    unit_path = prefix / UNIT_DIR / UNIT_NAME
+    helper_path = prefix / HELPER_DIR / HELPER_NAME
+    example_path = prefix / CONFIG_DIR / INSTALLED_EXAMPLE_NAME
+    notes: list[str] = []
+    try:
+        if str(prefix) == "/":
+            running = _running_instances()
+            if running:
+                stop = " ".join(running)
+                print(
+                    f"{prog}: still running: {stop} (stop them first: systemctl disable --now {stop})", file=sys.stderr
+                )
+                return 1
+        if unit_path.exists():
+            if _is_our_unit(unit_path):
+                unit_path.unlink()
+                notes.append(f"removed {unit_path}")
+            else:
+                notes.append(f"kept {unit_path}: it is not the unit fastfs installs")
+        if helper_path.is_symlink():
+            if os.path.basename(os.readlink(helper_path)) == HELPER_NAME:
+                helper_path.unlink()
+                notes.append(f"removed {helper_path}")
+            else:
+                notes.append(f"kept {helper_path}: it links elsewhere")
+        elif helper_path.exists():
+            notes.append(f"kept {helper_path}: installed by a package, not by fastfs install-service")
+        if example_path.exists():
+            if example_path.read_bytes() == example_text().encode("utf-8"):
+                example_path.unlink()
+                notes.append(f"removed {example_path}")
+            else:
+                notes.append(f"kept {example_path}: edited")
+        config_dir = prefix / CONFIG_DIR
+        kept = sorted(p.name for p in config_dir.glob("*.yaml")) if config_dir.is_dir() else []
+        if kept:
+            notes.append(f"kept the configs in {config_dir}: {', '.join(kept)}")
+    except InstallError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
-        return e.errno in DEAD_ERRNOS
-    return False
+        where = f" {e.filename}:" if e.filename else ""
+        print(f"{prog}:{where} {e.strerror or e}", file=sys.stderr)
+        return 1
+    print("\n".join(notes or ["nothing to remove: fastfs's unit and mount helper are not installed"]))
+    if any(n.startswith("removed") for n in notes) and str(prefix) == "/":
+        print("next: systemctl daemon-reload")
+    return 0
 
 
+def _running_instances() -> list[str]:
+    """The fastfs@ units systemd runs now ([] without systemd)."""
+    try:
+        done = subprocess.run(
+            ["systemctl", "list-units", "--plain", "--no-legend", "--state=active", "fastfs@*"],
+            capture_output=True,
+            text=True,
+            timeout=FUSERMOUNT_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if done.returncode != 0:
+        return []
+    return [line.split()[0] for line in done.stdout.splitlines() if line.startswith("fastfs@")]
+
+
+# -- ExecStopPost cleanup ---------------------------------------------------------------------
 def _detach(path: str) -> bool:
-    libc_name = ctypes.util.find_library("c") or "libc.so.6"
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    if libc.umount2(os.fsencode(path), MNT_DETACH) == 0:
+    if umount2(path, MNT_DETACH) == 0:
         return True
     fusermount = shutil.which("fusermount3") or shutil.which("fusermount")
     if fusermount is None:
@@ -240,28 +320,30 @@ def _detach(path: str) -> bool:
 
 def canonical_mountpoint(path: str) -> str:
     """Absolute path with the parent's symlinks resolved, without touching *path* itself (it may be dead)."""
-    path = os.path.abspath(path)
-    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    return canonical(path)
 
 
 def cleanup_mountpoint(mountpoint: str) -> int:
     """Detach dead fastfs mounts on *mountpoint* (while the topmost mount there is one); returns how
-    many were detached."""
-    from fastfs.daemon.mount import find_mount, is_fastfs
-
+    many were detached. A dead mount's connection is aborted first (a daemon killed while a read of a
+    hung source kept its connection open leaves readers blocked on it); live and hung mounts (their
+    daemon runs) are never touched."""
     path = canonical_mountpoint(mountpoint)
     detached = 0
     for _ in range(MAX_STACKED_MOUNTS):
-        if not is_fastfs(find_mount(path)) or not _is_dead(path) or not _detach(path):
+        entry = find_mount(path)
+        if not is_fastfs(entry) or entry is None or mount_state(entry) != "dead":
             break
-        detached += 1
+        abort_connection(entry)  # may unmount it already (umount2 with MNT_FORCE when fusectl is absent)
+        if find_mount(path) != entry or _detach(path):
+            detached += 1
+        else:
+            break
     return detached
 
 
 def cleanup(config_path: str) -> int:
     """ExecStopPost: detach a dead mount left on the config's mountpoint. Always returns 0."""
-    from fastfs.config.loader import ConfigError, read_yaml
-
     try:
         mountpoint = read_yaml(config_path).get("mountpoint")
     except ConfigError as e:
@@ -280,16 +362,18 @@ def cleanup(config_path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastfs.daemon.service", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fastfs.daemon.cli.service", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("cleanup", help="detach a dead fastfs mount left on CONFIG's mountpoint (ExecStopPost)")
     p.add_argument("config")
     p = sub.add_parser("install", help="same as `fastfs install-service`")
     p.add_argument("--prefix", default="/")
+    p = sub.add_parser("uninstall", help="same as `fastfs uninstall-service`")
+    p.add_argument("--prefix", default="/")
     args = parser.parse_args(argv)
     if args.command == "cleanup":
         return cleanup(args.config)
-    return install(args)
+    return uninstall(args) if args.command == "uninstall" else install(args)
 
 
 if __name__ == "__main__":

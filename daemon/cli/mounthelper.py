@@ -13,10 +13,13 @@ so a typo fails at once with one line naming the option. Then ``fastfs mount`` r
 background mode, which returns only once the mount is live (or has failed), so mount(8) and
 systemd's .mount units see the usual helper contract: exit 0 means mounted.
 
-fastfs is read-only. ``ro`` is accepted; ``rw`` is accepted too and the mount is read-only anyway
-(as squashfs or iso9660 do), because mount(8) adds ``rw`` to the options of every helper call
-that names neither, so refusing it would break a plain ``mount -t fuse.fastfs SRC MNT`` and
-``defaults`` in fstab.
+The standard FUSE options mean what they mean for ``fastfs mount -o`` (one table, in
+:mod:`fastfs.config.loader`): ``ro`` changes nothing, ``fsname=``/``subtype=`` name the mount in the
+mount table, ``default_permissions``, ``allow_other``, ``allow_root``, ``noatime``, ``nonempty``.
+fastfs is read-only; ``rw`` is accepted here and the mount is read-only anyway (as squashfs or
+iso9660 do), because mount(8) adds ``rw`` to the options of every helper call that names neither,
+so refusing it would break a plain ``mount -t fuse.fastfs SRC MNT`` and ``defaults`` in fstab
+(``fastfs mount -o rw`` is refused).
 
 ``SRC`` may be a placeholder (``fastfs`` or ``none``, when no such directory exists) if the config
 file names ``source``.
@@ -30,7 +33,16 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from fastfs.config.loader import ALIASES, ConfigError, did_you_mean, load_config, one_line, option_type, schema_keys
+from fastfs.config.loader import (
+    ALIASES,
+    NO_OP_OPTIONS,
+    ConfigError,
+    did_you_mean,
+    load_config,
+    one_line,
+    option_type,
+    schema_keys,
+)
 
 PROG = "mount.fuse.fastfs"
 # mount(8) exit status for bad usage or options, and for a mount that failed (see mount(8) RETURN CODES).
@@ -43,19 +55,21 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # SRC values meaning "take the source from the config file".
 SOURCE_PLACEHOLDERS = ("fastfs", "none")
 
-# Options for mount(8), fstab consumers and the kernel's generic flags, ignored by fastfs. The
-# mount is always read-only, nodev and nosuid, so none of them changes what it does.
+# Options for mount(8), fstab consumers and the kernel's generic flags, ignored by fastfs (the mount is
+# always read-only, nodev and nosuid, so none of them changes what it does). ``rw`` is among them:
+# mount(8) adds it to every helper call that names neither ro nor rw (``fastfs mount -o rw`` is refused).
+# The standard FUSE options (ro, default_permissions, fsname, subtype, noatime, allow_root, nonempty,
+# allow_other) are fastfs options with their usual meaning: see config/loader.py.
 GENERIC_OPTIONS = frozenset(
     {
-        "ro", "rw", "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group",
-        "_netdev", "nofail", "noatime", "atime", "relatime", "norelatime", "strictatime", "nostrictatime",
-        "lazytime", "nolazytime", "diratime", "nodiratime", "nodev", "dev", "nosuid", "suid", "exec",
+        "rw", "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group",
+        "_netdev", "nofail", "atime", "relatime", "norelatime", "strictatime", "nostrictatime",
+        "lazytime", "nolazytime", "diratime", "nodiratime", "dev", "suid", "exec",
         "noexec", "sync", "async", "dirsync", "silent", "loud", "mand", "nomand", "iversion", "noiversion",
-        "default_permissions",  # set by fastfs itself together with fuse.allow_other
     }
 )  # fmt: skip
 # Prefixes of options addressed to other programs: x-systemd.*, x-gvfs-*, X-mount.*, comment=...
-GENERIC_PREFIXES = ("x-", "X-", "comment=", "fsname=", "subtype=")
+GENERIC_PREFIXES = ("x-", "X-", "comment=")
 # Options of the generic mount.fuse helper or of mount(8) that fastfs cannot honour.
 UNSUPPORTED = {
     "remount": "remounting is not supported (unmount and mount again)",
@@ -109,7 +123,7 @@ def map_options(optstring: str | None) -> tuple[str | None, dict[str, str], list
         key, sep, raw = item.partition("=")
         key = key.strip()
         value = _unquote(raw) if sep else "true"
-        if key in GENERIC_OPTIONS or item.startswith(GENERIC_PREFIXES):
+        if key in GENERIC_OPTIONS or item.startswith(GENERIC_PREFIXES) or (key in NO_OP_OPTIONS and not sep):
             continue
         if key in UNSUPPORTED:
             errors.append(f"{key}: {UNSUPPORTED[key]}")

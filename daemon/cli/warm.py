@@ -17,11 +17,13 @@ mount's control channel (:mod:`fastfs.daemon.control`), to start a background wa
 progress (``user.fastfs.warm.ID`` of the mount root) until it is done. Up to ``-j`` jobs run at once
 (the daemon also bounds the jobs of one user; when it answers EAGAIN the command waits for one of
 its own to finish). The daemon warms only what the calling user could read through the mount, and
-walks directories itself. Progress on a terminal: a bar in files (the totals grow while the daemon
-lists a tree) with bytes beside it.
+walks directories itself. Progress on a terminal: a bar in files with bytes beside it, without a
+total (nor an ETA) until the daemon has listed every tree. Ctrl-C asks the daemon to cancel the
+running jobs (``user.fastfs.warm.cancel.ID``), says how far they got, and exits 130.
 
 Exit status: 0 when everything asked for is now in the cache; 1 otherwise — a file failed (an
-error, or a source read that timed out), was only partly cached (the cache budget was full),
+error, or a source read that timed out), was only partly cached (each reason said: the cache budget
+was full; for ``--disk`` also the write queue or the disk's room),
 was evicted again before the warm ended (more data than the budget), or was skipped because the
 user may not read it; also when the daemon cannot warm at all. Each reason is one line on stderr
 (at most :data:`MAX_ERRORS_SHOWN` file errors are listed), then one summary line on stdout.
@@ -59,9 +61,11 @@ from fastfs.daemon.control import (
     XATTR_DISK_WARM,
     XATTR_EVICT,
     XATTR_WARM,
+    warm_cancel_xattr,
     warm_job_xattr,
 )
-from fastfs.daemon.statscli import human_bytes as human  # one unit system: MiB/GiB, as fastfs stats
+from fastfs.daemon.mounttable import containing_mount, is_fastfs
+from fastfs.daemon.summary import human_bytes as human  # one unit system: MiB/GiB, as fastfs stats
 
 # Warm jobs run at once by default (the daemon allows 8 per user).
 DEFAULT_JOBS = 4
@@ -74,6 +78,8 @@ POLL_MAX = 0.25
 MAX_ERRORS_SHOWN = 10
 # errno values meaning the daemon has no such control (an older daemon, or not a fastfs file).
 UNSUPPORTED = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENODATA}
+# Exit status after Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 # errno values of a daemon that has no room for another job right now.
 BUSY = {errno.EAGAIN, errno.EBUSY}
 PROG = "fastfs warm"
@@ -121,8 +127,6 @@ def read_list(name: str, stdin: TextIO | None = None) -> list[str]:
 
 def find_mount_root(path: str) -> str | None:
     """The mount point of the fastfs mount holding *path*, or None when it lies on anything else."""
-    from fastfs.daemon.mount import containing_mount, is_fastfs
-
     entry = containing_mount(path)
     return entry.mountpoint if is_fastfs(entry) else None
 
@@ -220,8 +224,11 @@ class Result:
     declined: int = 0
     skipped: int = 0
     evicted: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)  # why files were declined (see fsio.warm)
     errors: list[str] = field(default_factory=list)
     unsupported: str = ""
+    cancelled: int = 0  # jobs the daemon stopped because the command was interrupted
+    interrupted: bool = False
 
     @property
     def complete(self) -> bool:
@@ -238,21 +245,24 @@ class _Job:
 
 
 class _Progress:
-    """A files bar with bytes beside it, on stderr when it is a terminal."""
+    """A files bar with bytes beside it, on stderr when it is a terminal. While the daemon still lists
+    the trees the bar has no total (a total that grows with the walk made a bar and an ETA that lied:
+    0/5 ... 0/1273, ETA 54:47); it gets one once every tree is listed."""
 
     def __init__(self, enabled: bool) -> None:
         self.bar = None
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=0, unit="file", desc="warm", file=sys.stderr, leave=False)
+            self.bar = tqdm(total=None, unit="file", desc="warm", file=sys.stderr, leave=False)
 
-    def show(self, files_done: int, files_total: int, bytes_done: int, bytes_total: int) -> None:
+    def show(self, files_done: int, files_total: int, bytes_done: int, bytes_total: int, listed: bool) -> None:
         if self.bar is None:
             return
-        self.bar.total = max(files_total, files_done)
+        self.bar.total = max(files_total, files_done) if listed else None
         self.bar.n = files_done
-        self.bar.set_postfix_str(f"{human(bytes_done)} of {human(bytes_total)}", refresh=False)
+        text = f"{human(bytes_done)} of {human(bytes_total)}" if listed else f"{human(bytes_done)}, listing"
+        self.bar.set_postfix_str(text, refresh=False)
         self.bar.refresh()
 
     def close(self) -> None:
@@ -262,12 +272,51 @@ class _Progress:
 
 def run_warm(items: list[tuple[str, str]], jobs: int, progress: _Progress | None = None, disk: bool = False) -> Result:
     """Warm every (path, root) with up to *jobs* daemon jobs at once (*disk*: into the disk tier);
-    returns the summed reports."""
+    returns the summed reports. Interrupted (Ctrl-C), it asks the daemon to cancel the running jobs,
+    starts no more, and returns what was done (``interrupted``, ``cancelled``)."""
     result = Result()
-    start_name = XATTR_DISK_WARM if disk else XATTR_WARM
-    queue = list(reversed(items))
     running: list[_Job] = []
     finished: list[dict[str, Any]] = []
+    try:
+        _warm_loop(items, jobs, progress, disk, result, running, finished)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        for job in running:
+            try:
+                report = _ask(job.root, warm_cancel_xattr(job.id))
+            except (OSError, ValueError):
+                continue  # gone already, or a daemon without cancel: nothing more to do
+            result.cancelled += 1
+            finished.append(report)
+    _sum(result, finished)
+    return result
+
+
+def _sum(result: Result, finished: list[dict[str, Any]]) -> None:
+    for report in finished:
+        for key in ("files_total", "bytes_total", "files_done", "bytes_done", "failed", "declined", "skipped"):
+            setattr(result, key, getattr(result, key) + int(report.get(key, 0)))
+        result.evicted += int(report.get("evicted", 0))
+        for reason, n in (report.get("declined_reasons") or {}).items():
+            result.reasons[reason] = result.reasons.get(reason, 0) + int(n)
+        result.cached_files += max(
+            0, int(report.get("files_done", 0)) - int(report.get("failed", 0)) - int(report.get("declined", 0))
+        )
+        result.errors.extend(str(e) for e in report.get("errors", []))
+
+
+def _warm_loop(
+    items: list[tuple[str, str]],
+    jobs: int,
+    progress: _Progress | None,
+    disk: bool,
+    result: Result,
+    running: list[_Job],
+    finished: list[dict[str, Any]],
+) -> None:
+    """Start and poll the jobs; *running* and *finished* are kept up to date for the caller."""
+    start_name = XATTR_DISK_WARM if disk else XATTR_WARM
+    queue = list(reversed(items))
     poll = POLL_FIRST
     while queue or running:
         started = False
@@ -323,19 +372,11 @@ def run_warm(items: list[tuple[str, str]], jobs: int, progress: _Progress | None
                 finished.append(report)
         reports = finished + [j.report for j in running]
         if progress is not None:
-            progress.show(*(sum(int(r.get(k, 0)) for r in reports) for k in _BAR_KEYS))
+            listed = not queue and all(r.get("listed", True) for r in reports)
+            progress.show(*(sum(int(r.get(k, 0)) for r in reports) for k in _BAR_KEYS), listed=listed)
         if running:
             poll = POLL_FIRST if changed else min(POLL_MAX, poll * 2)
             time.sleep(poll)
-    for report in finished:
-        for key in ("files_total", "bytes_total", "files_done", "bytes_done", "failed", "declined", "skipped"):
-            setattr(result, key, getattr(result, key) + int(report.get(key, 0)))
-        result.evicted += int(report.get("evicted", 0))
-        result.cached_files += max(
-            0, int(report.get("files_done", 0)) - int(report.get("failed", 0)) - int(report.get("declined", 0))
-        )
-        result.errors.extend(str(e) for e in report.get("errors", []))
-    return result
 
 
 _BAR_KEYS = ("files_done", "files_total", "bytes_done", "bytes_total")
@@ -406,6 +447,27 @@ def _report_errors(result: Result) -> None:
         print(f"{PROG}: ... and {len(result.errors) - MAX_ERRORS_SHOWN} more", file=sys.stderr)
 
 
+def _declined_lines(result: Result, disk: bool) -> list[str]:
+    """One line per reason files were only partly cached, saying what happened (the daemon's reasons;
+    an older daemon without them gets the general line)."""
+    where = "on disk" if disk else "cached"
+    reasons = result.reasons
+    if result.declined and not any(reasons.values()):
+        why = "the disk tier had no room for them" if disk else "the cache budget is full"
+        return [f"{result.declined} files only partly {where}: {why}"]
+    texts = {
+        "ram": (
+            "the RAM cache had no room for their blocks on the way to the disk (raise cache.budget)"
+            if disk
+            else "the cache budget is full"
+        ),
+        "write_queue": "the disk tier's write queue had no room for them within readahead.read_timeout"
+        " (the disk writes more slowly than the source reads)",
+        "disk_room": "the disk budget or free-space floor left no room for all of them",
+    }
+    return [f"{n} files only partly {where}: {texts.get(reason, reason)}" for reason, n in reasons.items() if n]
+
+
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``fastfs warm`` (*args*: paths, from_file, check, evict, jobs); the exit status."""
     jobs = getattr(args, "jobs", None) or DEFAULT_JOBS
@@ -449,17 +511,20 @@ def main(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     seconds = time.monotonic() - start
+    if result.interrupted:
+        print(
+            f"{PROG}: interrupted: cancelled {result.cancelled} warm job{'s' if result.cancelled != 1 else ''} in the"
+            f" daemon; {result.files_done} of {result.files_total} files listed so far were warmed"
+            f" ({human(result.bytes_done)})",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
     _report_errors(result)
     if result.unsupported:
         print(f"{PROG}: {result.unsupported}", file=sys.stderr)
-    if result.declined and disk:
-        print(
-            f"{PROG}: {result.declined} files only partly on disk: the disk budget or free-space floor left no room",
-            file=sys.stderr,
-        )
-    elif result.declined:
-        print(f"{PROG}: {result.declined} files only partly cached: the cache budget is full", file=sys.stderr)
-    if result.evicted:
+    for line in _declined_lines(result, disk):
+        print(f"{PROG}: {line}", file=sys.stderr)
+    if result.evicted and not disk:
         print(
             f"{PROG}: {human(result.evicted)} of this warm was evicted again to make room: the data is larger"
             " than the cache budget",

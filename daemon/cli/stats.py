@@ -16,79 +16,17 @@ import time
 from typing import Any
 
 from fastfs.daemon.control import STATS_RELPATH, STATS_TOP_FILES, XATTR_STATS
+from fastfs.daemon.mounttable import containing_mount, is_fastfs
+from fastfs.daemon.summary import duration, fetched, human_bytes, ms, pct, ratio
 
-# Smallest --watch interval accepted (reading the snapshot is cheap, printing faster is noise).
-MIN_WATCH_INTERVAL = 0.1
+# Smallest --watch interval accepted (two rows a second are still readable; faster is noise and load).
+MIN_WATCH_INTERVAL = 0.5
 # --watch repeats its header after this many lines.
 WATCH_HEADER_EVERY = 20
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 class StatsError(Exception):
     """One-line reason the stats cannot be read."""
-
-
-def human_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    n = float(n)
-    for unit in _UNITS:
-        if abs(n) < 1024 or unit == _UNITS[-1]:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} {_UNITS[-1]}"  # pragma: no cover
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _ms(seconds: float | None) -> str:
-    """0.0001 -> '0.10 ms', 0.1 -> '100 ms', 10 -> '10.0 s' (never exponent notation)."""
-    if seconds is None:
-        return "-"
-    ms = seconds * 1000
-    if ms >= 1000:
-        return f"{seconds:.1f} s"
-    if ms >= 100:
-        return f"{ms:.0f} ms"
-    return f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
-
-
-def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
-def _fetched(c: dict[str, Any]) -> int:
-    return int(c.get("bytes_fetched_demand", 0)) + int(c.get("bytes_fetched_prefetch", 0))
-
-
-def summary_line(snap: dict[str, Any]) -> str:
-    """One line for systemd STATUS= and log messages."""
-    c = snap.get("counters", {})
-    d = snap.get("derived", {})
-    g = snap.get("gauges", {})
-    errors = sum(snap.get("errors", {}).values())
-    requested = c.get("bytes_requested", 0)
-    hit = d.get("hit_ratio") if requested else None
-    amplification = d.get("amplification", 0) if requested else None
-    disk = ""
-    if "disk_cache_budget" in g:
-        disk = (
-            f", disk {human_bytes(g.get('disk_cache_bytes', 0))}/{human_bytes(g.get('disk_cache_budget', 0))}"
-            f" (hits {human_bytes(c.get('disk_hit_bytes', 0))})"
-        )
-    return (
-        f"requested {human_bytes(requested)}, hit {_pct(hit)}, "
-        f"fetched {human_bytes(_fetched(c))} (amplification {_ratio(amplification)}), "
-        f"cache {human_bytes(g.get('cache_bytes', 0))}/{human_bytes(g.get('cache_budget', 0))}{disk}, errors {errors}"
-    )
 
 
 def _disk_lines(c: dict[str, Any], g: dict[str, Any]) -> list[str]:
@@ -99,13 +37,29 @@ def _disk_lines(c: dict[str, Any], g: dict[str, Any]) -> list[str]:
         f"  disk tier          {human_bytes(g.get('disk_cache_bytes', 0))} of"
         f" {human_bytes(g.get('disk_cache_budget', 0))} budget ({g.get('disk_cache_files', 0)} files),"
         f" {human_bytes(g.get('disk_free_bytes', 0))} free (floor {human_bytes(g.get('disk_free_floor', 0))})",
-        f"  disk hits          {human_bytes(c.get('disk_hit_bytes', 0))} in {c.get('disk_hits', 0)} reads,"
-        f" {c.get('opens_disk', 0)} opens by passthrough to disk ({human_bytes(c.get('bytes_disk_opened', 0))})",
+        f"  disk hits          {human_bytes(c.get('disk_hit_bytes', 0))} in {c.get('disk_hits', 0)} reads",
         f"  disk writes        {human_bytes(c.get('disk_bytes_written', 0))} in {c.get('disk_writes', 0)} writes,"
         f" dropped {c.get('disk_writes_dropped', 0)} (queue full), {c.get('disk_writes_no_room', 0)} (no room),"
         f" {c.get('disk_write_errors', 0)} errors; {c.get('disk_evictions', 0)} evictions"
         f" ({human_bytes(c.get('disk_evicted_bytes', 0))}), {c.get('disk_corrupt_dropped', 0)} corrupt entries dropped",
     ]
+
+
+def _route_lines(c: dict[str, Any], g: dict[str, Any]) -> list[str]:
+    """Opens and bytes by route: served by fastfs (its bytes are "requested"), and handed to the kernel
+    by passthrough to the source file or to the disk tier's copy (those reads never reach fastfs)."""
+    lines = [
+        f"  opens served       {c.get('opens', 0)}, {human_bytes(c.get('bytes_requested', 0))} read through fastfs",
+        f"  opens passthrough  {c.get('opens_passthrough', 0)}, files of"
+        f" {human_bytes(c.get('bytes_passthrough_opened', 0))} (the kernel reads them from the source; not in"
+        " requested)",
+    ]
+    if "disk_cache_budget" in g or c.get("opens_disk", 0):
+        lines.append(
+            f"  opens disk         {c.get('opens_disk', 0)}, files of {human_bytes(c.get('bytes_disk_opened', 0))}"
+            " (the kernel reads them from the disk tier)"
+        )
+    return lines
 
 
 def format_summary(snap: dict[str, Any]) -> str:
@@ -125,14 +79,18 @@ def format_summary(snap: dict[str, Any]) -> str:
     accuracy = d.get("prefetch_accuracy", 0) if requested and prefetched else None
     lines = [
         f"fastfs mount {mount.get('mountpoint', '?')} (source {mount.get('source', '?')}, pid {mount.get('pid', '?')}),"
-        f" up {_duration(uptime)}",
+        f" up {duration(uptime)}",
         f"  requested          {human_bytes(requested)} in {c.get('read_requests', 0)} reads"
         f" ({human_bytes(requested / uptime if uptime > 0 else 0)}/s average)",
-        f"  served from cache  {human_bytes(c.get('bytes_served_from_cache', 0))} (hit ratio {_pct(hit)})",
-        f"  fetched            {human_bytes(_fetched(c))}: demand {human_bytes(c.get('bytes_fetched_demand', 0))},"
+        f"  served from cache  {human_bytes(c.get('bytes_served_from_cache', 0))} (hit ratio {pct(hit)})",
+        *_route_lines(c, g),
+        f"  fetched            {human_bytes(fetched(c))}: demand {human_bytes(c.get('bytes_fetched_demand', 0))},"
         f" prefetch {human_bytes(prefetched)}",
-        f"  amplification      {_ratio(amplification)} (fetched / requested)",
-        f"  prefetch accuracy  {_pct(accuracy)}"
+        f"  warm               {human_bytes(c.get('bytes_fetched_warm', 0))} fetched by fastfs warm,"
+        f" {human_bytes(c.get('bytes_evicted_on_request', 0))} evicted on request (neither counts in"
+        " amplification, accuracy or wasted)",
+        f"  amplification      {ratio(amplification)} (fetched / requested)",
+        f"  prefetch accuracy  {pct(accuracy)}"
         f" (used {human_bytes(c.get('bytes_prefetch_used', 0))}),"
         f" wasted {human_bytes(c.get('bytes_prefetch_wasted', 0))}",
         f"  cache              {human_bytes(g.get('cache_bytes', 0))} of {human_bytes(g.get('cache_budget', 0))}"
@@ -146,8 +104,8 @@ def format_summary(snap: dict[str, Any]) -> str:
         f" {c.get('format_plans', 0)} format plans, {c.get('mmap_streams', 0)} mmap,"
         f" {c.get('learned_plans', 0)} learned plans ({c.get('learned_files_used', 0)} files used),"
         f" {c.get('learned_whole_plans', 0)} files loaded whole as last time",
-        f"  source preads      {lat.get('count', c.get('preads', 0))}, latency p50 {_ms(lat.get('p50'))},"
-        f" p95 {_ms(lat.get('p95'))}, p99 {_ms(lat.get('p99'))}",
+        f"  source preads      {lat.get('count', c.get('preads', 0))}, latency p50 {ms(lat.get('p50'))},"
+        f" p95 {ms(lat.get('p95'))}, p99 {ms(lat.get('p99'))}",
         "  errors             "
         + (", ".join(f"{k} {v}" for k, v in sorted(errors.items())) if errors else "none")
         + f" ({c.get('read_timeouts', 0)} read timeouts)",
@@ -175,22 +133,23 @@ def format_top(snap: dict[str, Any], n: int) -> str:
     return "\n".join(out)
 
 
-def read_snapshot(mountpoint: str) -> dict[str, Any]:
-    """The snapshot of the fastfs mount at *mountpoint*; :class:`StatsError` otherwise."""
-    from fastfs.daemon.mount import find_mount, is_fastfs
-
+def read_snapshot(path: str) -> dict[str, Any]:
+    """The snapshot of the fastfs mount at or holding *path* (a file or directory inside it works too,
+    as for ``fastfs warm``); :class:`StatsError` otherwise."""
     try:
-        os.stat(mountpoint)
+        os.stat(path)
     except FileNotFoundError:
-        raise StatsError(f"{mountpoint} does not exist") from None
+        raise StatsError(f"{path} does not exist") from None
     except OSError:
         pass  # a dead mount (ENOTCONN) is reported below, with the command that recovers it
     try:
-        entry = find_mount(mountpoint)
+        entry = containing_mount(path)
     except OSError as e:
         raise StatsError(f"cannot read the mount table: {e.strerror}") from None
     if not is_fastfs(entry):
-        raise StatsError(f"{mountpoint} is not a fastfs mount")
+        raise StatsError(f"{path} is not a fastfs mount nor inside one")
+    assert entry is not None  # is_fastfs says so
+    mountpoint = entry.mountpoint
     path = os.path.join(mountpoint, STATS_RELPATH)
     try:
         # the xattr is one consistent snapshot in every mode (with fuse.no_open there is no open
@@ -271,14 +230,14 @@ def watch_line(prev: dict[str, Any], cur: dict[str, Any], seconds: float) -> str
     values = (
         time.strftime("%H:%M:%S"),
         f"{human_bytes(req / dt)}/s",
-        _pct(hit),
+        pct(hit),
         f"{human_bytes((demand + prefetch) / dt)}/s",
         f"{human_bytes(demand / dt)}/s",
         f"{human_bytes(prefetch / dt)}/s",
         "-" if amp is None else f"{amp:.2f}",
         f"{delta('read_requests') / dt:.0f}",
         f"{delta('preads') / dt:.0f}",
-        _ms(p95),
+        ms(p95),
         human_bytes(cur.get("gauges", {}).get("cache_bytes", 0)),
         str(max(0, errors)),
     )
@@ -288,7 +247,8 @@ def watch_line(prev: dict[str, Any], cur: dict[str, Any], seconds: float) -> str
 def watch(mountpoint: str, interval: float, out: Any = None) -> int:
     """Print per-interval rates until Ctrl-C (exit 0) or the mount goes away (exit 1)."""
     out = out or sys.stdout
-    interval = max(MIN_WATCH_INTERVAL, interval)
+    if not interval >= MIN_WATCH_INTERVAL:  # the parser refuses these; also NaN
+        raise StatsError(f"--watch needs an interval of at least {MIN_WATCH_INTERVAL:g} seconds, got {interval:g}")
     prev = read_snapshot(mountpoint)
     prev_t = time.monotonic()
     lines = 0
