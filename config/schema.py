@@ -89,6 +89,9 @@ def parse_amount(value: object, key: str) -> Amount:
 
 # Values of fuse.passthrough (see its docstring).
 PASSTHROUGH_MODES = ("auto", "on", "off")
+# Shortest fuse.dir_timeout: it is also the period of fastfs's re-checks of the directories in use,
+# which must not spin.
+MIN_DIR_TIMEOUT = 0.1
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,13 @@ class FuseConfig:
     """Seconds the kernel may cache a name lookup (read-mostly data: long saves lookup round trips)."""
     attr_timeout: float = 60.0
     """Seconds the kernel may cache file attributes; a deleted source file vanishes within this."""
-    negative_timeout: float = 10.0
-    """Seconds the kernel may cache a failed lookup (a file created in SRC later appears within this)."""
+    negative_timeout: float = -1.0
+    """Seconds the kernel may cache a failed lookup (a file created in SRC later appears within this;
+    sooner when fastfs sees the directory change); -1: as ``dir_timeout``."""
+    dir_timeout: float = 1.0
+    """Seconds the kernel may cache a directory's attributes, and how often fastfs re-checks the
+    directories used in the last minutes: a name created, deleted or renamed in SRC shows within this
+    (every listing is checked against SRC anyway), like a network filesystem's own client."""
     read_ahead_kb: int = 1024
     """Written to the mount's /sys/class/bdi read_ahead_kb so the kernel sends 1 MiB requests (0: leave)."""
     allow_other: bool = False
@@ -137,14 +145,29 @@ class FuseConfig:
     """Answer directory listings with attributes when the kernel asks for them (saves a lookup per
     entry of a tree walk)."""
 
+    @property
+    def negative_ttl(self) -> float:
+        """Seconds the kernel caches a failed lookup: ``negative_timeout``, or ``dir_timeout`` at -1."""
+        return self.dir_timeout if self.negative_timeout < 0 else self.negative_timeout
+
     def validate(self) -> None:
         for name in ("uid", "gid"):
             _check(-1 <= getattr(self, name) <= MAX_ID, f"fuse.{name}", f"must be -1 (as the source) or 0..{MAX_ID}")
         for name in ("file_mode", "dir_mode"):
             _check(-1 <= getattr(self, name) <= 0o777, f"fuse.{name}", "must be -1 (as the source) or 0000..0777")
         _check(0 <= self.umask <= 0o777, "fuse.umask", "must be between 0000 and 0777")
-        for name in ("entry_timeout", "attr_timeout", "negative_timeout"):
+        for name in ("entry_timeout", "attr_timeout"):
             _check(0 <= getattr(self, name) <= 86400, f"fuse.{name}", "must be between 0 and 86400 seconds")
+        _check(
+            self.negative_timeout == -1 or 0 <= self.negative_timeout <= 86400,
+            "fuse.negative_timeout",
+            "must be -1 (as dir_timeout) or between 0 and 86400 seconds",
+        )
+        _check(
+            MIN_DIR_TIMEOUT <= self.dir_timeout <= 86400,
+            "fuse.dir_timeout",
+            f"must be between {MIN_DIR_TIMEOUT:g} and 86400 seconds",
+        )
         _check(0 <= self.read_ahead_kb <= 65536, "fuse.read_ahead_kb", "must be between 0 and 65536")
         _check(1 <= self.threads <= 256, "fuse.threads", "must be between 1 and 256")
         _check(

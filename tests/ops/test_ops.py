@@ -352,6 +352,9 @@ class Stub:
     def snapshot(self, top: int = 10) -> dict:
         return {"counters": {}}
 
+    def listen(self, listener: object) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
