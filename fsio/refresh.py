@@ -99,6 +99,8 @@ REVALIDATE_SECONDS = 1.0
 IDLE_POLL = 1.0
 # Shortest sleep between ticks: checks falling due within it are done together.
 MIN_SLEEP = 0.05
+# Seconds close waits for the thread: one stuck in a hung source's call is left behind (a daemon thread).
+STOP_WAIT = 2.0
 # Never checked (a new watch is due at once).
 NEVER = float("-inf")
 
@@ -190,7 +192,7 @@ class Refresher:
         with self._start_lock:
             thread = self._thread
         if thread is not None:
-            thread.join(timeout=10)
+            thread.join(timeout=STOP_WAIT)
 
     def _run(self) -> None:
         sleep = 0.0
