@@ -74,11 +74,11 @@ def test_entry_and_attr_replies_carry_the_attributes(tmp_path) -> None:
 def test_directories_attributes_are_cached_for_their_own_timeout(tmp_path) -> None:
     (tmp_path / "f").write_bytes(b"x")
     r = replies.Replies(60, 60, 1, None, 0.75)
-    for st, timeout in ((os.lstat(tmp_path), (0, 750_000_000)), (os.lstat(tmp_path / "f"), (60, 0))):
-        entry = abi.ENTRY_OUT.unpack(r.entry(42, st))
+    for attrs, timeout in ((os.lstat(tmp_path), (0, 750_000_000)), (os.lstat(tmp_path / "f"), (60, 0))):
+        entry = abi.ENTRY_OUT.unpack(r.entry(42, attrs))
         assert (entry[2], entry[4]) == (60, 0)  # the name: entry_timeout
         assert (entry[3], entry[5]) == timeout  # the attributes: dir_timeout for a directory
-        assert abi.ATTR_OUT.unpack(r.attr(st))[:2] == timeout
+        assert abi.ATTR_OUT.unpack(r.attr(attrs))[:2] == timeout
     assert abi.ATTR_OUT.unpack(replies.Replies(1, 2, 0).attr(os.lstat(tmp_path)))[:2] == (2, 0)  # default: attr
 
 

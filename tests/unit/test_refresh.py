@@ -34,9 +34,7 @@ def test_due_table(items, now, period, window, limit, want):
 
 
 @given(
-    items=st.lists(
-        st.tuples(st.floats(-1000, 100), st.one_of(st.just(NEVER), st.floats(-1000, 100))), max_size=30
-    ),
+    items=st.lists(st.tuples(st.floats(-1000, 100), st.one_of(st.just(NEVER), st.floats(-1000, 100))), max_size=30),
     period=st.floats(0.1, 60),
     window=st.one_of(st.none(), st.floats(0, 600)),
     limit=st.integers(1, 10),
