@@ -11,7 +11,10 @@ The directories in use are remembered (:meth:`DirListings.used`: the engine call
 in a directory, a listing counts too) with when they were last used and last checked, so the
 refresher (:mod:`fastfs.fsio.refresh`) can re-check those used lately without a listing
 (:meth:`DirListings.check`, the same stat-then-maybe-relist step): a directory the kernel holds names
-or failed lookups of is then checked within ``fuse.dir_timeout`` even when nobody lists it.
+or failed lookups of is then checked within ``fuse.dir_timeout`` even when nobody lists it. A
+directory never listed is not listed by its first check: that stat is what later checks compare with
+(the names the kernel holds were looked up at most a period before it, so a change in between falls
+within the racy tick before that stat, in which case the first check lists it).
 
 Each new listing is told to the listeners as a :class:`~fastfs.fsio.changes.DirChange` (the names
 now, the names the previous listing had that are gone): the engine drops the metadata it keeps of
@@ -78,12 +81,14 @@ class Listed:
 class DirState:
     """What is remembered of one directory (see the module docstring for what guards what)."""
 
-    __slots__ = ("used_at", "checked_at", "listed")
+    __slots__ = ("used_at", "checked_at", "listed", "seen")
 
     def __init__(self, used_at: float) -> None:
         self.used_at = used_at  # monotonic time of the last lookup in it or listing of it
         self.checked_at = NEVER  # monotonic time of the last stat that validated (or made) its listing
         self.listed: Listed | None = None  # its last listing, while kept (_lock)
+        self.seen: tuple[tuple[int, int, int, int], int] | None = None  # without a listing: (key, wall
+        # clock before the stat) of its first check, which later checks compare with (_lock)
 
 
 class DirListings:
@@ -132,25 +137,48 @@ class DirListings:
         state = self._dirs.get(path)
         if state is not None:
             state.used_at = now
-        return self._validated(path, now, True)
+        stamp = self.wall_ns()  # before the stat: a change after it is either seen by it or racy
+        st = self.source.lstat(path)
+        listed = state.listed if state is not None else None
+        if state is not None and listed is not None and listing_valid(listed.key, listed.listed_ns, st):
+            state.checked_at = now
+            return listed.entries
+        return self._relist(path, st, stamp, now, now)
 
     def check(self, path: str) -> bool:
         """The refresher's re-check of directory *path*: one stat, and a new listing (told to the
-        listeners) when it changed or had none. True when it was listed anew. A directory that is
-        gone is forgotten."""
+        listeners) when it changed since its last listing or since the stat that was its first check
+        (that first check lists nothing unless the directory changed within the racy tick before it:
+        the names the kernel holds were looked up at most a period before). True when it was listed
+        anew. A directory that is gone is forgotten."""
+        now = self.clock()
         state = self._dirs.get(path)
-        listed = state.listed if state is not None else None
         try:
-            entries = self._validated(path, self.clock(), False)
+            stamp = self.wall_ns()
+            st = self.source.lstat(path)
+            basis: tuple[tuple[int, int, int, int], int] | None = None
+            if state is not None:
+                listed = state.listed
+                basis = (listed.key, listed.listed_ns) if listed is not None else state.seen
+            if basis is None and listing_valid(dir_key(st), stamp, st):
+                basis = (dir_key(st), stamp)  # a first check outside the tick of a change: trusted
+            if basis is not None and listing_valid(basis[0], basis[1], st):
+                with self._lock:
+                    state = self._state_locked(path, NEVER)
+                    if state.listed is None and state.seen is None:
+                        state.seen = basis
+                    state.checked_at = now
+                return False
+            self._relist(path, st, stamp, now, NEVER)
+            return True
         except (FileNotFoundError, NotADirectoryError):
             self.forget(path)
             return False
         except OSError as e:  # (EACCES, EIO...): checked again a period later, not at once
             log.debug("re-check of directory %s failed: %s", path, e)
             if state is not None:
-                state.checked_at = self.clock()
+                state.checked_at = now
             return False
-        return listed is None or listed.entries is not entries
 
     def forget(self, path: str) -> None:
         with self._lock:
@@ -167,24 +195,22 @@ class DirListings:
     def __len__(self) -> int:
         return len(self._dirs)
 
-    def _validated(self, path: str, now: float, use: bool) -> list[Dirent]:
-        stamp = self.wall_ns()  # before the stat: a change after it is either seen by it or racy
-        st = self.source.lstat(path)
-        state = self._dirs.get(path)
-        listed = state.listed if state is not None else None
-        if listed is not None and listing_valid(listed.key, listed.listed_ns, st):
-            state.checked_at = now
-            return listed.entries
+    def _relist(self, path: str, st: os.stat_result, stamp: int, now: float, used: float) -> list[Dirent]:
+        """List *path* at the source (*st*: its stat, taken after the wall clock read *stamp*), keep the
+        listing unless it alone is over the bound, and tell the listeners."""
         entries = self.source.scandir(path)
         fresh = Listed(dir_key(st), stamp, entries)
         with self._lock:
-            state = self._state_locked(path, now if use else NEVER)
+            state = self._state_locked(path, used)
             previous = state.listed
             if previous is not None:
                 self._entries -= len(previous.entries)
-            state.listed = fresh
+            if len(entries) <= self.max_entries:
+                state.listed, state.seen = fresh, None
+                self._entries += len(entries)
+            else:  # too large to keep: its stat stands in for it (the next change lists it again)
+                state.listed, state.seen = None, (fresh.key, stamp)
             state.checked_at = now
-            self._entries += len(entries)
             self._dirs.move_to_end(path)
             self._trim_locked(path)
         gone = () if previous is None else tuple(vanished([e[0] for e in previous.entries], fresh.names))

@@ -67,7 +67,7 @@ from fastfs.config.reload import apply_live, needs_remount
 from fastfs.config.schema import DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_FRACTION, MIN_BUDGET, Config
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import Block, BlockCache
-from fastfs.fsio.changes import ChangeListener, DirChange
+from fastfs.fsio.changes import ChangeListener, DirChange, Growth
 from fastfs.fsio.dirs import DirListings, join_path, parent_of
 from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.entry import FileEntry
@@ -168,6 +168,7 @@ class Engine:
         self.refresher = Refresher(
             self.dirs, self.handles, self.cache, self.source, self.config.fuse.dir_timeout, clock=self.clock
         )
+        self.refresher.listeners.append(self._file_grew)
 
     @classmethod
     def from_parts(cls, parts: EngineParts, config: Config | None = None, stats: m.Stats | None = None) -> Engine:
@@ -226,6 +227,10 @@ class Engine:
         """A directory was listed anew: the metadata kept of the names it lost goes."""
         if change.vanished:
             self.scanner.forget([join_path(change.path, name) for name in change.vanished])
+
+    def _file_grew(self, growth: Growth) -> None:
+        """An open file grew: a scan's metadata of it (the old size) answers no lookup any more."""
+        self.scanner.forget([growth.path])
 
     def listdir(self, path: str) -> list[str]:
         return self.source.listdir(path)

@@ -10,9 +10,10 @@ asking again, and this thread re-checks them, a bounded number per tick:
 * **open file versions** (entries with handles): re-checked for growth every
   :data:`REVALIDATE_SECONDS` (:meth:`Refresher.check_file`), at most :data:`MAX_FILE_CHECKS` per tick.
 
-What is due is decided by :func:`due` (pure: table tests); the thread does the I/O. With nothing
-used within the window and no file open it makes no source request at all: it only looks at its own
-tables every :data:`IDLE_POLL` seconds.
+What is due is decided by :func:`due` (pure: table tests); the thread does the I/O. With more
+directories (files) in use than a tick checks, each is checked every ``ceil(n / limit)`` periods:
+the work stays bounded, the bound stretches. With nothing used within the window and no file open it
+makes no source request at all: it only looks at its own tables every :data:`IDLE_POLL` seconds.
 
 Growth of one open version (:meth:`Refresher.check_file`):
 
@@ -111,13 +112,15 @@ class Due(NamedTuple):
     keys: list
     """The items to check now, the one checked longest ago first."""
     wake: float | None
-    """Seconds until the next item falls due (0: more are due than were picked); None: nothing watched."""
+    """Seconds until the next tick: when an item falls due, at most a period (the items due beyond
+    the limit wait for it: a tick's work stays bounded); None: nothing watched."""
 
 
 def due(items: Iterable[tuple[K, float, float]], now: float, period: float, window: float | None, limit: int) -> Due:
     """From *items* (key, last used, last checked; ``-inf``: never), those to check at *now*: each item
     used within *window* seconds (None: every item) is watched, and due once its last check is at
-    least *period* seconds old; at most *limit* of them, the one checked longest ago first."""
+    least *period* seconds old; at most *limit* of them, the one checked longest ago first (so with
+    more than *limit* items watched, each is checked every ``ceil(n / limit)`` periods)."""
     ready: list[tuple[float, K]] = []
     wake: float | None = None
     for key, used, checked in items:
@@ -133,8 +136,6 @@ def due(items: Iterable[tuple[K, float, float]], now: float, period: float, wind
         return Due([], wake)
     ready.sort(key=lambda item: item[0])
     picked = [key for _, key in ready[:limit]]
-    if len(ready) > limit:
-        return Due(picked, 0.0)
     return Due(picked, period if wake is None or period < wake else wake)
 
 

@@ -128,13 +128,30 @@ def test_check_lists_a_used_directory_once_then_only_when_it_changes(tree: Path)
     try:
         dirs.used("/d")
         assert [(p, u) for p, u, _ in dirs.watched()] == [("/d", 100.0)]
-        assert dirs.check("/d")  # used, never listed: listed now (a broken listener does not fail it)
-        assert not dirs.check("/d")
+        assert not dirs.check("/d")  # used, never listed: its stat is the basis of the next checks
+        assert not dirs.check("/d") and (source.lstats, source.scandirs) == (2, 0)
         (tree / "d" / "x").write_bytes(b"")
-        assert dirs.check("/d") and names(dirs.kept("/d") or []) == {"a", "b", "c", "x"}
-        assert failing == [1, 1]
+        assert dirs.check("/d")  # changed: listed (a broken listener does not fail it)
+        assert names(dirs.kept("/d") or []) == {"a", "b", "c", "x"}
+        assert not dirs.check("/d") and source.scandirs == 1
+        os.unlink(tree / "d" / "x")
+        assert dirs.check("/d") and failing == [1, 1]
         os.rename(tree / "d", tree / "e")
         assert not dirs.check("/d") and len(dirs) == 0  # gone: forgotten
+    finally:
+        source.close()
+
+
+def test_a_first_check_in_the_tick_of_a_change_lists_the_directory(tree: Path) -> None:
+    """A change between the kernel's lookups and the first check falls within the racy tick before it."""
+    source, clocks = CountingSource(str(tree)), Clocks()
+    clocks.wall = os.stat(tree / "d").st_mtime_ns + S // 2
+    dirs = DirListings(source, clocks.mono, clocks.wall_ns)
+    try:
+        dirs.used("/d")
+        assert dirs.check("/d") and dirs.check("/d")  # racy: listed each time
+        clocks.wall += 5 * S
+        assert dirs.check("/d") and not dirs.check("/d")  # listed once more outside the tick, then trusted
     finally:
         source.close()
 
@@ -144,6 +161,9 @@ def test_the_listings_kept_are_bounded(tree: Path) -> None:
         (tree / f"x{i}").mkdir()
         for j in range(3):
             (tree / f"x{i}" / f"f{j}").write_bytes(b"")
+    (tree / "big").mkdir()
+    for j in range(8):
+        (tree / "big" / f"f{j}").write_bytes(b"")
     source, clocks = CountingSource(str(tree)), Clocks()
     dirs = DirListings(source, clocks.mono, clocks.wall_ns, max_dirs=3, max_entries=7)
     try:
@@ -151,6 +171,8 @@ def test_the_listings_kept_are_bounded(tree: Path) -> None:
             dirs.listing(f"/x{i}")
         assert len(dirs) == 2  # 3 entries each: at most 7 entries kept, the least recently listed dropped
         assert dirs.kept("/x3") is not None and dirs.kept("/x0") is None
+        assert len(dirs.listing("/big")) == 8 and dirs.kept("/big") is None  # alone over the bound: not kept
+        assert dirs.kept("/x3") is not None
         for i in range(5):
             dirs.used(f"/u{i}")
         assert len(dirs) == 3
@@ -297,6 +319,7 @@ def test_the_refresher_checks_nothing_when_nothing_is_used_or_open(tmp_path: Pat
         (src / "f").write_bytes(b"x")
         engine.lstat("/f")  # a lookup in "/": the refresher re-checks it
         engine.refresher.tick()
+        # its first check: a stat, and a listing as "/" changed within the racy tick before it
         assert (source.lstats, source.scandirs, engine.refresher.ticks) == (1, 1, 1)
     finally:
         engine.close()
