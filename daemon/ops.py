@@ -19,6 +19,15 @@ Consistency (one inode per version, close-to-open):
   that version's.
 * GETATTR of an open file (``fstat``) answers the node's own version. A path ``stat`` of a node whose
   source changed or vanished answers ESTALE, which makes the kernel revalidate the name the same way.
+* Directories: OPENDIR is answered without ``FOPEN_CACHE_DIR``, so every listing reaches the daemon,
+  and the engine checks it against the source (one stat; a new listing only on change). A new
+  listing (from READDIR or from the engine's refresher, :mod:`fastfs.fsio.refresh`) comes back as
+  :meth:`KernelOps.dir_changed`: the kernel drops the names it holds there that vanished and the
+  failed lookups there (:mod:`fastfs.daemon.negatives`) that now exist. Directories' attributes are
+  cached for ``fuse.dir_timeout``.
+* A file that only grew under open handles (:meth:`KernelOps.file_grew`) moves their node to the
+  grown attributes (:meth:`~fastfs.daemon.nodes.NodeTable.grew`); the kernel drops its attributes
+  and, served, its pages from the old end on.
 
 The open walk (the engine's side is in :mod:`fastfs.fsio.opening`, which decides the route)::
 
