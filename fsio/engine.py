@@ -29,6 +29,10 @@ each in its own module and with one job:
   metadata they fetched (answers lookups and opens while fresh).
 * :class:`~fastfs.fsio.readpath.ReadPath` (``reads``): one read as named steps (its module docstring
   is the walk of a read: head window, classify, demand blocks, prefetch, serve, count).
+* :class:`~fastfs.fsio.dirs.DirListings` (``dirs``): directory listings checked against the source
+  by one stat per listing, and the directories in use; :class:`~fastfs.fsio.refresh.Refresher`
+  (``refresher``): the thread re-checking those directories and the open files for growth, started
+  when the daemon listens (:meth:`Engine.listen`) to what they find.
 * learning (``learn``, :class:`~fastfs.fsio.learn.AccessLog`, with ``readahead.learn``) and its save
   thread, warm (:mod:`fastfs.fsio.warm` drives :meth:`Engine.hold` / :meth:`Engine.warm_block`).
 

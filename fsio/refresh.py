@@ -244,8 +244,8 @@ class Refresher:
         if watch.partial >= 0:
             self._drop_partial(entry, watch)
         old = entry.st
-        now = self._attrs(entry)
-        change = classify(old, now)
+        current = self._attrs(entry)
+        change = classify(old, current)
         if change is Change.SAME:
             if watch.sample is None or watch.sample[0] != entry.size:
                 self._take_sample(entry, watch)
@@ -253,7 +253,7 @@ class Refresher:
         if change is not Change.GREW:
             watch.done = True
             return change
-        assert now is not None
+        assert current is not None  # (GREW: it exists)
         offset, length = tail_range(entry.size)
         reference = self._cached(entry, offset, length)
         if reference is None and watch.sample is not None and watch.sample[0] == entry.size:
@@ -268,7 +268,7 @@ class Refresher:
                 return Change.CHANGED
         finally:
             self._give_back(entry, file, shared)
-        self._grow(entry, watch, old, now)
+        self._grow(entry, watch, old, current)
         return change
 
     def _attrs(self, entry: FileEntry) -> os.stat_result | None:
