@@ -20,6 +20,9 @@ from typing import Any
 
 from fastfs.config.schema import Config
 
+# Not live, on purpose: the kernel's timeouts (fuse.entry_timeout, attr_timeout, negative_timeout,
+# dir_timeout) travel in every reply, built from values fixed at mount; dir_timeout also sets the
+# period of the engine's directory re-checks, which must agree with what the kernel was told.
 LIVE: frozenset[str] = frozenset(
     {
         "profile",  # a label; the settings it implies are compared one by one

@@ -84,6 +84,9 @@ FSNAME_RE = re.compile(r"[^\s,\\]+")
 SUBTYPE_RE = re.compile(r"[A-Za-z0-9_.-]+")
 # Values of fuse.passthrough (see its docstring).
 PASSTHROUGH_MODES = ("auto", "on", "off")
+# Shortest fuse.dir_timeout: it is also the period of fastfs's re-checks of the directories in use,
+# which must not spin.
+MIN_DIR_TIMEOUT = 0.1
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,13 @@ class FuseConfig:
     """Seconds the kernel may cache a name lookup (read-mostly data: long saves lookup round trips)."""
     attr_timeout: float = 60.0
     """Seconds the kernel may cache file attributes; a deleted source file vanishes within this."""
-    negative_timeout: float = 10.0
-    """Seconds the kernel may cache a failed lookup (a file created in SRC later appears within this)."""
+    negative_timeout: float = -1.0
+    """Seconds the kernel may cache a failed lookup (a file created in SRC later appears within this;
+    sooner when fastfs sees the directory change); -1: as ``dir_timeout``."""
+    dir_timeout: float = 1.0
+    """Seconds the kernel may cache a directory's attributes, and how often fastfs re-checks the
+    directories used in the last minutes: a name created, deleted or renamed in SRC shows within this
+    (every listing is checked against SRC anyway), like a network filesystem's own client."""
     read_ahead_kb: int = 1024
     """Written to the mount's /sys/class/bdi read_ahead_kb so the kernel sends 1 MiB requests (0: leave)."""
     allow_other: bool = False
@@ -147,6 +155,11 @@ class FuseConfig:
     nonempty: bool = False
     """Allow mounting over a non-empty directory (its files are hidden while mounted)."""
 
+    @property
+    def negative_ttl(self) -> float:
+        """Seconds the kernel caches a failed lookup: ``negative_timeout``, or ``dir_timeout`` at -1."""
+        return self.dir_timeout if self.negative_timeout < 0 else self.negative_timeout
+
     def validate(self) -> None:
         _check(
             bool(FSNAME_RE.fullmatch(self.fsname)) or not self.fsname,
@@ -163,8 +176,18 @@ class FuseConfig:
         for name in ("file_mode", "dir_mode"):
             _check(-1 <= getattr(self, name) <= 0o777, f"fuse.{name}", "must be -1 (as the source) or 0000..0777")
         _check(0 <= self.umask <= 0o777, "fuse.umask", "must be between 0000 and 0777")
-        for name in ("entry_timeout", "attr_timeout", "negative_timeout"):
+        for name in ("entry_timeout", "attr_timeout"):
             _check(0 <= getattr(self, name) <= 86400, f"fuse.{name}", "must be between 0 and 86400 seconds")
+        _check(
+            self.negative_timeout == -1 or 0 <= self.negative_timeout <= 86400,
+            "fuse.negative_timeout",
+            "must be -1 (as dir_timeout) or between 0 and 86400 seconds",
+        )
+        _check(
+            MIN_DIR_TIMEOUT <= self.dir_timeout <= 86400,
+            "fuse.dir_timeout",
+            f"must be between {MIN_DIR_TIMEOUT:g} and 86400 seconds",
+        )
         _check(0 <= self.read_ahead_kb <= 65536, "fuse.read_ahead_kb", "must be between 0 and 65536")
         _check(1 <= self.threads <= 256, "fuse.threads", "must be between 1 and 256")
         _check(

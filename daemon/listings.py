@@ -11,8 +11,10 @@ so a request at offset *o* continues pass ``o >> PASS_SHIFT`` at index ``o & IND
 pass keeps its own listing, keyed by (directory node, pass): a reader starting at offset 0 never
 replaces the list under another reader's pass (with one listing per directory, a concurrent pass
 over a changing directory shifted the other's indexes: skipped or repeated entries). This needs no
-directory handle, so it is the same with ``NO_OPENDIR_SUPPORT`` (no OPENDIR, no handle) and with
-OPENDIR (whose handles are 0: fastfs keeps no per-open directory state).
+directory handle: OPENDIR is answered with handle 0 (fastfs keeps no per-open directory state; it
+answers OPENDIR only so the kernel does not cache listings, see ``KernelOps.opendir`` in :mod:`fastfs.daemon.ops`). The
+listing of a pass's first request is the engine's, checked against the source at that moment
+(:mod:`fastfs.fsio.dirs`).
 
 Bounds. At most :data:`MAX_LISTINGS` passes are kept, least recently used dropped first; a pass is
 dropped as soon as a request finds nothing left (the reader got its end of directory). A request of

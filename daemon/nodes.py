@@ -20,7 +20,13 @@ to zero is dropped from the table; ids are never reused (a counter, so a late re
 forgotten id finds nothing instead of another file).
 
 ``current`` maps each path to the node of the newest version looked up there; older nodes of the
-same path stay reachable by id until the kernel forgets them.
+same path stay reachable by id until the kernel forgets them. The names the kernel holds in each
+directory (:meth:`NodeTable.names_in`: the names of its live child nodes) are indexed, so a
+directory that changed at the source can have the vanished ones dropped from the kernel's cache.
+
+Growth. A file that was only appended to stays the same version for the handles open on it (see
+:mod:`fastfs.fsio.refresh`): :meth:`NodeTable.grew` moves the node's attributes and version to the
+grown file, so an ``fstat`` shows the new size and a later open of the node expects the grown file.
 
 Routes. The kernel requires every open handle of one inode to use the same route (served or
 passthrough) and, passing through, the same backing file: the first open of a node sets its route
@@ -30,7 +36,7 @@ that open again for the held route), and the backing id registered first is the 
 that has no backing id falls back to served (:meth:`NodeTable.fall_back`): none of its handles was
 answered yet, as a passthrough reply carries the id.
 
-Concurrency: ``_lock`` guards ``_by_id``, ``_current`` and ``_next_id`` (all writes) and every
+Concurrency: ``_lock`` guards ``_by_id``, ``_current``, ``_names`` and ``_next_id`` (all writes) and every
 node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen`` (read and written
 under it, see :meth:`NodeTable.acquire`), ``version`` and ``st`` (written under it). A node's
 ``nodeid``, ``parent``, ``name`` and ``path`` never change. Read without the lock, on purpose:
@@ -69,7 +75,8 @@ class Node:
     """One version of one source object as the kernel knows it."""
 
     __slots__ = ("nodeid", "parent", "name", "path", "version", "st", "nlookup", "opens", "route", "backing", "seen")
-    # ``version`` and ``st`` change only through NodeTable.rebind, before the node's first open.
+    # ``version`` and ``st`` change only through NodeTable.rebind, before the node's first open, and
+    # NodeTable.grew, when the file only grew.
 
     def __init__(self, nodeid: int, parent: int, name: str, path: str, st: os.stat_result) -> None:
         self.nodeid = nodeid
@@ -105,6 +112,7 @@ class NodeTable:
         self.root = root
         self._by_id: dict[int, Node] = {ROOT_ID: root}
         self._current: dict[str, Node] = {"/": root}
+        self._names: dict[int, dict[str, int]] = {}  # directory node id -> child name -> its live nodes
         self._next_id = FIRST_ID
 
     def get(self, nodeid: int) -> Node | None:
@@ -127,6 +135,8 @@ class NodeTable:
                 self._next_id += 1
                 self._by_id[node.nodeid] = node
                 self._current[path] = node
+                names = self._names.setdefault(parent.nodeid, {})
+                names[name] = names.get(name, 0) + 1
             elif node.is_dir:
                 node.st = st  # a directory's node outlives changes of its listing: keep its attributes fresh
             node.nlookup += 1
@@ -147,6 +157,15 @@ class NodeTable:
                 del self._by_id[nodeid]
                 if self._current.get(node.path) is node:
                     del self._current[node.path]
+                names = self._names.get(node.parent)
+                if names is not None:
+                    left = names.get(node.name, 0) - 1
+                    if left > 0:
+                        names[node.name] = left
+                    else:
+                        names.pop(node.name, None)
+                        if not names:
+                            del self._names[node.parent]
             if self.checking:
                 self._check_locked()
 
@@ -175,6 +194,29 @@ class NodeTable:
             if self.checking:
                 self._check_locked()
             return True
+
+    def grew(self, node: Node, st: os.stat_result) -> bool:
+        """Move *node* to the attributes *st* of its file grown at the source (same device and inode,
+        a regular file, not smaller): its open handles read the longer file, its ``fstat`` shows it,
+        later opens of it expect it. False (nothing changed) for another file or a forgotten node."""
+        with self._lock:
+            old = node.st
+            if (
+                not stat.S_ISREG(st.st_mode)
+                or (st.st_dev, st.st_ino) != (old.st_dev, old.st_ino)
+                or st.st_size < old.st_size
+                or self._by_id.get(node.nodeid) is not node
+            ):
+                return False
+            node.version, node.st = version_of(st), st
+            if self.checking:
+                self._check_locked()
+            return True
+
+    def names_in(self, parent_id: int) -> list[str]:
+        """The names the kernel holds nodes of in directory *parent_id* (each once)."""
+        with self._lock:
+            return list(self._names.get(parent_id, ()))
 
     def acquire(self, node: Node, route: str, join: bool = False) -> tuple[str, int]:
         """Count an open of *node* on *route*; returns (route, backing id) its open handles share.
@@ -231,8 +273,9 @@ class NodeTable:
         """Raise AssertionError naming the first broken invariant (tests and debug mounts): every node
         filed under its own id, ids below the counter, counts positive (the root's too) and opens >= 0,
         a route exactly while handles are open, a backing id only on the passthrough route and only
-        while open, an open node marked seen, a file's version the one its attributes name, and
-        ``_current`` naming live nodes of their own path."""
+        while open, an open node marked seen, a file's version the one its attributes name,
+        ``_current`` naming live nodes of their own path, and the names indexed per directory those
+        of the live nodes."""
         with self._lock:
             self._check_locked()
 
@@ -259,3 +302,9 @@ class NodeTable:
         for path, node in self._current.items():
             assert node.path == path, f"nodes: {path!r} names node {node.nodeid} of {node.path!r}"
             assert self._by_id.get(node.nodeid) is node, f"nodes: {path!r} names forgotten node {node.nodeid}"
+        names: dict[int, dict[str, int]] = {}
+        for nodeid, node in self._by_id.items():
+            if nodeid != ROOT_ID:
+                names.setdefault(node.parent, {})
+                names[node.parent][node.name] = names[node.parent].get(node.name, 0) + 1
+        assert names == self._names, "nodes: the index of names per directory is not that of the live nodes"

@@ -19,6 +19,15 @@ Consistency (one inode per version, close-to-open):
   that version's.
 * GETATTR of an open file (``fstat``) answers the node's own version. A path ``stat`` of a node whose
   source changed or vanished answers ESTALE, which makes the kernel revalidate the name the same way.
+* Directories: OPENDIR is answered without ``FOPEN_CACHE_DIR``, so every listing reaches the daemon,
+  and the engine checks it against the source (one stat; a new listing only on change). A new
+  listing (from READDIR or from the engine's refresher, :mod:`fastfs.fsio.refresh`) comes back as
+  :meth:`KernelOps.dir_changed`: the kernel drops the names it holds there that vanished and the
+  failed lookups there (:mod:`fastfs.daemon.negatives`) that now exist. Directories' attributes are
+  cached for ``fuse.dir_timeout``.
+* A file that only grew under open handles (:meth:`KernelOps.file_grew`) moves their node to the
+  grown attributes (:meth:`~fastfs.daemon.nodes.NodeTable.grew`); the kernel drops its attributes
+  and, served, its pages from the old end on.
 
 The open walk (the engine's side is in :mod:`fastfs.fsio.opening`, which decides the route)::
 
@@ -80,9 +89,11 @@ from fastfs.daemon.kernel.requests import (
 )
 from fastfs.daemon.kernel.session import NO_REPLY, Handler, Request, Session
 from fastfs.daemon.listings import Listings
-from fastfs.daemon.nodes import ROOT_ID, Node, NodeTable, join
+from fastfs.daemon.negatives import Negatives
+from fastfs.daemon.nodes import ROOT_ID, Node, NodeTable, join, version_of
 from fastfs.fsio.access import Caller
 from fastfs.fsio.api import EngineAPI
+from fastfs.fsio.changes import DirChange, Growth
 from fastfs.fsio.opening import OpenResult
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED
 from fastfs.fsio.readpath import ReplyParts
@@ -98,6 +109,8 @@ _NUL = b"\0"
 # Reply flags of each route's opens.
 SERVED_OPEN = abi.FOPEN_KEEP_CACHE | abi.FOPEN_NOFLUSH
 PASSTHROUGH_OPEN = abi.FOPEN_PASSTHROUGH | abi.FOPEN_NOFLUSH
+# The kernel's page size: a grown file's pages are dropped from the one holding its old end on.
+PAGE = 4096
 # What a handler of data may answer (see fastfs.daemon.kernel.session).
 Reply = bytes | list[memoryview] | None
 
@@ -128,14 +141,16 @@ class KernelOps:
         self.nodes = NodeTable(engine.lstat("/"), check_invariants=engine.config.cache.check_invariants)
         own = self._ownership = ownership.Ownership.from_config(fc)  # also how ACL xattrs are shown
         translate = None if own is None else functools.partial(ownership.translate, own=own)
-        self.replies = Replies(fc.entry_timeout, fc.attr_timeout, fc.negative_timeout, translate)
+        self.replies = Replies(fc.entry_timeout, fc.attr_timeout, fc.negative_ttl, translate, fc.dir_timeout)
         self.control = Controller(engine, self.mount_info, extra=self._kernel_section)
         self.controlfs = ControlFS(self.control, self.no_open, fc.allow_other, self._invalidate_stats)
         self.listings = Listings(self._fetch_listing)
+        self.negatives = Negatives()  # the names answered absent, per directory node
         self._lock = threading.Lock()
         self._handles: dict[int, Node] = {}  # open handle -> its node
         self._lookups = 0  # lookups being answered now
         self.lookups_max = 0  # most lookups answered at once (the kernel sends them in parallel)
+        engine.listen(self)  # directory changes and file growths the engine finds: dir_changed, file_grew
 
     def handlers(self) -> dict[int, Handler]:
         """Opcode -> handler, for :class:`~fastfs.daemon.kernel.session.Session` (each typed handler
@@ -191,6 +206,7 @@ class KernelOps:
         except FileNotFoundError:
             negative = self.replies.negative
             if negative is not None:  # node id 0 with a timeout: the kernel caches the name as absent
+                self.negatives.add(parent_id, name)  # (dropped from the kernel when it appears)
                 return negative
             raise
         finally:
@@ -366,23 +382,25 @@ class KernelOps:
 
     # -- directories ----------------------------------------------------------------------------
     def opendir(self, request: Request, r: OpenIn) -> bytes:
-        session = self.session
-        negotiated = session.negotiated if session is not None else None
-        if negotiated is not None and negotiated.offers(abi.Init.NO_OPENDIR_SUPPORT):
-            raise _error(errno.ENOSYS, "open-less directories")  # no OPENDIR/RELEASEDIR from now on
+        """OPENDIR is answered (never ENOSYS, which would make the kernel cache every listing, with
+        ``FOPEN_CACHE_DIR``, until it drops the directory): handle 0 (a pass needs none, see
+        :mod:`fastfs.daemon.listings`) and no cache flags, so every listing reaches the daemon, which
+        checks it against the source."""
         if request.nodeid != CONTROL_ID:
             self._node(request.nodeid)
-        return replies.open_reply(0, abi.FOPEN_KEEP_CACHE | abi.FOPEN_CACHE_DIR)
+        return replies.open_reply(0, 0)
 
     def releasedir(self, request: Request, r: ReleaseIn) -> None:
         return None
 
     def _fetch_listing(self, nodeid: int) -> list[Dirent]:
-        """(name, type bits, inode) of the directory's entries, '.' and '..' first (a new pass)."""
+        """(name, type bits, inode) of the directory's entries, '.' and '..' first (a new pass): the
+        engine's listing, checked against the source by one stat and listed again only when the
+        directory changed (then :meth:`dir_changed` hears of it)."""
         if nodeid == CONTROL_ID:
             return self.controlfs.listing()
         node = self._node(nodeid)
-        entries = self.engine.scandir(node.path)
+        entries = self.engine.listing(node.path)
         if nodeid == ROOT_ID:
             entries = [e for e in entries if e[0] != CONTROL_NAME]
         return [(".", stat.S_IFDIR, node.st.st_ino), ("..", stat.S_IFDIR, 1), *entries]
@@ -425,6 +443,37 @@ class KernelOps:
                         ino, kind = st.st_ino, stat.S_IFMT(st.st_mode)
             records.append((entry, name, kind, ino))  # no entry: node id 0, the kernel links none
         return replies.direntplus(records, start, cookie)
+
+    # -- changes at the source (the engine's listener) ------------------------------------------
+    def dir_changed(self, change: DirChange) -> None:
+        """The engine listed a directory anew (it changed, or was not listed before): the kernel drops
+        the names it holds there that are gone and the failed lookups there that now exist (and with
+        them the directory's attributes); queued: the notifier writes them, never a request's thread."""
+        notifier = self.session.notifier if self.session is not None else None
+        node = self.nodes.current(change.path)
+        if notifier is None or node is None or not node.is_dir:
+            return
+        present = change.names
+        stale = [name for name in self.nodes.names_in(node.nodeid) if name not in present]
+        stale += self.negatives.existing(node.nodeid, present)
+        for name in stale:
+            notifier.submit(("entry", node.nodeid, os.fsencode(name)))
+
+    def file_grew(self, growth: Growth) -> None:
+        """An open file only grew (its handles read the longer file now): the inodes of those handles
+        take its attributes and the kernel drops their cached attributes, and on the served route their
+        pages from the old end's page on (that page held the old end); passthrough reads the file itself."""
+        notifier = self.session.notifier if self.session is not None else None
+        versions = (version_of(growth.old), version_of(growth.new))
+        with self._lock:
+            held = {n.nodeid: n for n in self._handles.values() if n.path == growth.path and n.version in versions}
+        for node in held.values():
+            if not self.nodes.grew(node, growth.new) or notifier is None:
+                continue
+            if node.route == ROUTE_PASSTHROUGH:
+                notifier.submit(("inode", node.nodeid, -1, 0))
+            else:
+                notifier.submit(("inode", node.nodeid, growth.old.st_size & ~(PAGE - 1), -1))
 
     # -- other metadata -------------------------------------------------------------------------
     def statfs(self, request: Request, _body: memoryview) -> bytes:

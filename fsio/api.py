@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from fastfs.config.schema import Config
+    from fastfs.fsio.changes import ChangeListener
     from fastfs.fsio.opening import OpenResult
     from fastfs.fsio.readpath import ReplyParts
     from fastfs.fsio.source import FileKey
@@ -41,6 +42,10 @@ class EngineAPI(Protocol):
     def lstat_many(self, paths: list[str]) -> list[os.stat_result | None]: ...
 
     def scandir(self, path: str) -> list[tuple[str, int, int]]: ...
+
+    def listing(self, path: str) -> list[tuple[str, int, int]]: ...
+
+    def listen(self, listener: ChangeListener) -> None: ...
 
     def readlink(self, path: str) -> str: ...
 

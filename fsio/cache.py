@@ -327,6 +327,20 @@ class BlockCache:
                 self._check_locked()
         return dropped
 
+    def discard(self, file_key: Hashable, index: int) -> bool:
+        """Drop block *index* of a file version if it is settled and unpinned (a grown file's block that
+        ends at its old end); True when no such block is left, False when it is pinned or being filled."""
+        with self._lock:
+            block = self._blocks.get((file_key, index))
+            if block is None:
+                return True
+            if block.pins or block.state == PENDING:
+                return False
+            self._drop(block, keep_buffer=False)
+            if self.checking:
+                self._check_locked()
+        return True
+
     def cached_bytes(self, file_key: Hashable) -> int:
         """Bytes of the file version held in ready blocks (its head windows aside)."""
         with self._lock:

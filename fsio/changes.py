@@ -22,6 +22,10 @@ times are those it was taken at, and was not taken in the same timestamp tick as
 last change (:data:`RACY_SECONDS`: a change later in that tick would leave mtime as it was, as
 git's "racily clean" index entries). :func:`vanished` names the entries a new listing lost (the
 kernel is told to forget them).
+
+What the engine found is handed to its listeners (the daemon, which tells the kernel) as values:
+:class:`DirChange` (a directory was listed anew because it changed, or had not been listed) and
+:class:`Growth` (an open file version grew); :class:`ChangeListener` is what a listener implements.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import enum
 import os
 import stat
 from collections.abc import Iterable
+from typing import NamedTuple, Protocol
 
 # Bytes before a grown file's old end that are read again and compared with what was cached: an
 # append leaves them as they were, a rewrite of the same name almost never does.
@@ -99,3 +104,33 @@ def vanished(old: Iterable[str], new: Iterable[str]) -> list[str]:
     """Names of *old* that *new* no longer has, in *old*'s order."""
     present = set(new)
     return [name for name in old if name not in present]
+
+
+class DirChange(NamedTuple):
+    """A directory listed anew: it changed since its last listing, or had none (``vanished`` empty)."""
+
+    path: str
+    names: frozenset[str]
+    """Every name the directory holds now."""
+    vanished: tuple[str, ...]
+    """Names of the previous listing that are gone (its order)."""
+
+
+class Growth(NamedTuple):
+    """An open file version that only grew (:data:`Change.GREW`, its old end's bytes checked): its
+    handles now read it up to ``new.st_size``."""
+
+    path: str
+    old: os.stat_result
+    """The attributes its handles had (their version's, or those of its previous growth)."""
+    new: os.stat_result
+    """The attributes they have now."""
+
+
+class ChangeListener(Protocol):
+    """Told by the engine what it found changed at the source (from a reader's request or from the
+    refresher's thread; it must not block: the daemon queues its kernel notifications)."""
+
+    def dir_changed(self, change: DirChange) -> None: ...
+
+    def file_grew(self, growth: Growth) -> None: ...

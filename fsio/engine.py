@@ -29,6 +29,10 @@ each in its own module and with one job:
   metadata they fetched (answers lookups and opens while fresh).
 * :class:`~fastfs.fsio.readpath.ReadPath` (``reads``): one read as named steps (its module docstring
   is the walk of a read: head window, classify, demand blocks, prefetch, serve, count).
+* :class:`~fastfs.fsio.dirs.DirListings` (``dirs``): directory listings checked against the source
+  by one stat per listing, and the directories in use; :class:`~fastfs.fsio.refresh.Refresher`
+  (``refresher``): the thread re-checking those directories and the open files for growth, started
+  when the daemon listens (:meth:`Engine.listen`) to what they find.
 * learning (``learn``, :class:`~fastfs.fsio.learn.AccessLog`, with ``readahead.learn``) and its save
   thread, warm (:mod:`fastfs.fsio.warm` drives :meth:`Engine.hold` / :meth:`Engine.warm_block`).
 
@@ -67,6 +71,8 @@ from fastfs.config.reload import apply_live, needs_remount
 from fastfs.config.schema import DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_FRACTION, MIN_BUDGET, Config
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import Block, BlockCache
+from fastfs.fsio.changes import ChangeListener, DirChange, Growth
+from fastfs.fsio.dirs import DirListings, join_path, parent_of
 from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.entry import FileEntry
 from fastfs.fsio.fills import Fills
@@ -75,6 +81,7 @@ from fastfs.fsio.opening import DISK_PASSTHROUGH_MIN, Opener, OpenResult
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.probe import FormatProbe
 from fastfs.fsio.readpath import ReadPath, ReplyParts
+from fastfs.fsio.refresh import Refresher
 from fastfs.fsio.scanner import Scanner
 from fastfs.fsio.source import FileKey, Source, SourceFile, cached_share, stat_key
 from fastfs.fsio.trace import DecisionLog
@@ -160,6 +167,12 @@ class Engine:
             self.config, self.source, self.cache, self.disk, self.handles, self.scanner, self.probe, self.stats,
             self.trace, self._last_handle,
         )  # fmt: skip
+        self.dirs = DirListings(self.source, self.clock)
+        self.dirs.listeners.append(self._dir_changed)
+        self.refresher = Refresher(
+            self.dirs, self.handles, self.cache, self.source, self.config.fuse.dir_timeout, clock=self.clock
+        )
+        self.refresher.listeners.append(self._file_grew)
 
     @classmethod
     def from_parts(cls, parts: EngineParts, config: Config | None = None, stats: m.Stats | None = None) -> Engine:
@@ -188,6 +201,8 @@ class Engine:
 
     # == metadata ===================================================================================
     def lstat(self, path: str) -> os.stat_result:
+        if path != "/":
+            self.dirs.used(parent_of(path))  # a lookup in it: the refresher re-checks it a while
         return self.scanner.lstat(path)
 
     def lstat_many(self, paths: list[str]) -> list[os.stat_result | None]:
@@ -197,6 +212,29 @@ class Engine:
     def scandir(self, path: str) -> list[tuple[str, int, int]]:
         """(name, type bits, inode) of a directory's entries (one source listing, no stat each)."""
         return self.source.scandir(path)
+
+    def listing(self, path: str) -> list[tuple[str, int, int]]:
+        """(name, type bits, inode) of a directory's entries as the source holds them now: one source
+        stat, and a new listing only when the directory changed (:mod:`fastfs.fsio.dirs`); the list is
+        shared, not to be changed. A new listing is told to the listeners (:meth:`listen`)."""
+        return self.dirs.listing(path)
+
+    def listen(self, listener: ChangeListener) -> None:
+        """Tell *listener* the directory changes and file growths the engine finds from now on, and start
+        the refresher, which re-checks the directories used lately and the open files in the background
+        (:mod:`fastfs.fsio.refresh`; an engine nobody listens to runs no such thread)."""
+        self.dirs.listeners.append(listener.dir_changed)
+        self.refresher.listeners.append(listener.file_grew)
+        self.refresher.start()
+
+    def _dir_changed(self, change: DirChange) -> None:
+        """A directory was listed anew: the metadata kept of the names it lost goes."""
+        if change.vanished:
+            self.scanner.forget([join_path(change.path, name) for name in change.vanished])
+
+    def _file_grew(self, growth: Growth) -> None:
+        """An open file grew: a scan's metadata of it (the old size) answers no lookup any more."""
+        self.scanner.forget([growth.path])
 
     def listdir(self, path: str) -> list[str]:
         return self.source.listdir(path)
@@ -464,6 +502,7 @@ class Engine:
 
     def close(self) -> None:
         self._stop.set()
+        self.refresher.stop()
         self.scanner.close()
         self.pool.close()
         self._save_learned()

@@ -22,7 +22,11 @@ This module is a leaf (it imports only the types of its fields), so the parts th
 import it and not each other: fills, probe, the read path and the handle table have no import
 circle.
 
-Concurrency: identity (``path``, ``key``, ``size``, ``st``, ``dkey``) is set once. The entry's
+Concurrency: identity (``path``, ``key``) is set once; ``size``, ``st`` and ``dkey`` too, except
+when the version grows (:mod:`fastfs.fsio.refresh`: the file was only appended to, its handles now
+read the longer file, and it leaves the disk tier): then they are replaced under the entry's lock
+and read without it, one attribute load each (``key`` stays: the key of the version's RAM blocks,
+whose bytes an append does not change). The entry's
 ``lock`` guards the fields of ``stuck_reads``, ``format`` and ``reads`` as each component says
 (held only while a policy decides or a count changes, never across I/O); ``handles`` is guarded by
 the handle table's lock, ``source`` by its own, ``group`` by the pool's, ``disk_fd`` as said there.

@@ -184,6 +184,12 @@ class Scanner:
             if len(self._meta) > MAX_META:
                 self._meta.popitem(last=False)
 
+    def forget(self, paths: list[str]) -> None:
+        """Drop the metadata of *paths* (their names vanished from a listing of their directory)."""
+        with self._meta_lock:
+            for path in paths:
+                self._meta.pop(path, None)
+
     def meta_count(self) -> int:
         with self._meta_lock:
             return len(self._meta)

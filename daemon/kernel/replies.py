@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -85,6 +86,8 @@ _PLUS_BASE = abi.ENTRY_OUT.size + abi.DIRENT.size
 _GETXATTR_OUT = abi.GETXATTR_OUT
 _NO_ENTRY = bytes(abi.ENTRY_OUT.size)  # node id 0: the kernel links no entry (READDIRPLUS's dot entries)
 _PAD = bytes(8)
+_S_IFMT = 0o170000  # the file type bits of st_mode
+_S_IFDIR = stat.S_IFDIR
 
 
 def split_seconds(seconds: float) -> tuple[int, int]:
@@ -137,43 +140,55 @@ def negative_entry(ttl: float) -> bytes:
 class Replies:
     """Entry and attribute replies of one mount (timeouts and ownership fixed at mount)."""
 
-    __slots__ = ("_ev", "_ev_ns", "_av", "_av_ns", "_translate", "negative")
+    __slots__ = ("_ev", "_ev_ns", "_av", "_av_ns", "_dv", "_dv_ns", "_translate", "negative")
 
     def __init__(
-        self, entry_timeout: float, attr_timeout: float, negative_timeout: float, translate: Translate | None = None
+        self,
+        entry_timeout: float,
+        attr_timeout: float,
+        negative_timeout: float,
+        translate: Translate | None = None,
+        dir_timeout: float | None = None,
     ) -> None:
         self._ev, self._ev_ns = split_seconds(entry_timeout)
         self._av, self._av_ns = split_seconds(attr_timeout)
+        # directories' attributes: their own timeout (None: attr_timeout), so a directory's times and
+        # the kernel's checks of it follow the source within it
+        self._dv, self._dv_ns = split_seconds(attr_timeout if dir_timeout is None else dir_timeout)
         self._translate = translate
         cached = split_seconds(negative_timeout) != (0, 0)
         self.negative: bytes | None = negative_entry(negative_timeout) if cached else None
         """The negative LOOKUP reply, or None when absent names are not cached (ENOENT instead)."""
 
     def entry(self, nodeid: int, st: StatLike) -> bytes:
-        """``fuse_entry_out``: node *nodeid* with attributes *st*, cached for the mount's timeouts."""
+        """``fuse_entry_out``: node *nodeid* with attributes *st*, cached for the mount's timeouts
+        (a directory's attributes for its own)."""
         # (the fields of attr_fields, computed inline: one pack call, no tuple or frame in between)
         a_s, a_ns = divmod(st.st_atime_ns, _NS)
         m_s, m_ns = divmod(st.st_mtime_ns, _NS)
         c_s, c_ns = divmod(st.st_ctime_ns, _NS)
         mode, uid, gid, rdev = st.st_mode, st.st_uid, st.st_gid, st.st_rdev
+        av, av_ns = (self._dv, self._dv_ns) if mode & _S_IFMT == _S_IFDIR else (self._av, self._av_ns)
         if self._translate is not None:
             mode, uid, gid = self._translate(mode, uid, gid)
         return _ENTRY.pack(
-            nodeid, 0, self._ev, self._av, self._ev_ns, self._av_ns,
+            nodeid, 0, self._ev, av, self._ev_ns, av_ns,
             st.st_ino, st.st_size, st.st_blocks, a_s & _U64, m_s & _U64, c_s & _U64, a_ns, m_ns, c_ns,
             mode, st.st_nlink & _U32, uid, gid, encode_dev(rdev) if rdev else 0, st.st_blksize & _U32, 0,
         )  # fmt: skip
 
     def attr(self, st: StatLike) -> bytes:
-        """``fuse_attr_out``: attributes *st*, cached for the mount's attribute timeout."""
+        """``fuse_attr_out``: attributes *st*, cached for the mount's attribute timeout (a directory's
+        for its own)."""
         a_s, a_ns = divmod(st.st_atime_ns, _NS)
         m_s, m_ns = divmod(st.st_mtime_ns, _NS)
         c_s, c_ns = divmod(st.st_ctime_ns, _NS)
         mode, uid, gid, rdev = st.st_mode, st.st_uid, st.st_gid, st.st_rdev
+        av, av_ns = (self._dv, self._dv_ns) if mode & _S_IFMT == _S_IFDIR else (self._av, self._av_ns)
         if self._translate is not None:
             mode, uid, gid = self._translate(mode, uid, gid)
         return _ATTR.pack(
-            self._av, self._av_ns, 0,
+            av, av_ns, 0,
             st.st_ino, st.st_size, st.st_blocks, a_s & _U64, m_s & _U64, c_s & _U64, a_ns, m_ns, c_ns,
             mode, st.st_nlink & _U32, uid, gid, encode_dev(rdev) if rdev else 0, st.st_blksize & _U32, 0,
         )  # fmt: skip

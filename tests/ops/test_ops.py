@@ -352,6 +352,9 @@ class Stub:
     def snapshot(self, top: int = 10) -> dict:
         return {"counters": {}}
 
+    def listen(self, listener: object) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -515,3 +518,76 @@ def test_no_open_stats_file_larger_than_its_size_drops_top_files_and_stays_json(
         assert len(control.stats_file(None)) > NOFH_STATS_SIZE  # without a limit: the whole table
     finally:
         control.close()
+
+
+# -- directories and growing files (issue 22) -------------------------------------------------------
+def _notified(served: Served, want, timeout: float = 5.0) -> list[tuple[int, bytes]]:
+    """The notifications received until one satisfies *want* (each GETATTR of the root collects those
+    written meanwhile), or AssertionError after *timeout*."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert served.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), 1)[0] == 0
+        if any(want(code, payload) for code, payload in served.fk.notifications):
+            return served.fk.notifications
+        assert time.monotonic() < deadline, served.fk.notifications
+        time.sleep(0.02)
+
+
+def _entry_invalidation(parent: int, name: str):
+    def match(code: int, payload: bytes) -> bool:
+        if code != abi.Notify.INVAL_ENTRY:
+            return False
+        nodeid, namelen, _flags = abi.NOTIFY_INVAL_ENTRY_OUT.unpack_from(payload)
+        start = abi.NOTIFY_INVAL_ENTRY_OUT.size
+        return nodeid == parent and payload[start : start + namelen] == name.encode()
+
+    return match
+
+
+def test_opendir_is_answered_without_caching_even_when_the_kernel_offers_open_less_directories(served: Served) -> None:
+    assert served.negotiated.offers(abi.Init.NO_OPENDIR_SUPPORT)
+    for node in (1, served.node("dir")):
+        err, payload = served.call(Op.OPENDIR, abi.OPEN_IN.pack(os.O_RDONLY, 0), node)
+        assert err == 0
+        _fh, flags, _backing = abi.OPEN_OUT.unpack(payload)
+        assert not flags & (abi.FOPEN_CACHE_DIR | abi.FOPEN_KEEP_CACHE)  # every listing reaches the daemon
+        assert served.call(Op.RELEASEDIR, abi.RELEASE_IN.pack(0, 0, 0, 0), node)[0] == 0
+
+
+def test_a_changed_directory_drops_vanished_names_and_absent_names_that_now_exist(tree: Path) -> None:
+    served = Served(make_engine(tree, **{"fuse.negative_timeout": "60"}))
+    try:
+        d = served.node("dir")
+        served.node("dir/small.txt")  # held by the kernel
+        assert entry_nodeid(lookup(served.fk, d, "later")[1]) == 0  # answered absent, cached 60 s
+        assert served.call(Op.READDIR, read_body(0, 0, 4096), d)[0] == 0
+        os.unlink(tree / "dir" / "small.txt")
+        (tree / "dir" / "later").write_bytes(b"now")
+        err, payload = served.call(Op.READDIR, read_body(0, 0, 4096), d)  # listed anew: it changed
+        assert err == 0 and {n for n, _, _ in parse_dirents(payload)} == {".", "..", "later"}
+        _notified(served, _entry_invalidation(d, "small.txt"))
+        _notified(served, _entry_invalidation(d, "later"))
+    finally:
+        served.close()
+
+
+def test_a_grown_open_file_takes_its_new_size_and_the_kernel_is_told(served: Served, tree: Path) -> None:
+    node = served.node("data.bin")
+    fh, _ = served.open(node)
+    with open(tree / "data.bin", "ab") as f:
+        f.write(b"tail" * 1000)
+    grown = len(CONTENT) + 4000
+
+    def told(code: int, payload: bytes) -> bool:
+        return code == abi.Notify.INVAL_INODE and abi.NOTIFY_INVAL_INODE_OUT.unpack(payload) == (
+            node,
+            len(CONTENT) & ~4095,
+            -1,
+        )
+
+    _notified(served, told)  # the refresher's check, within its period (the served route: pages too)
+    err, payload = served.call(Op.GETATTR, abi.GETATTR_IN.pack(abi.GETATTR_FH, 0, fh), node)
+    assert err == 0 and abi.ATTR_OUT.unpack(payload)[3 + 1] == grown  # fstat: the grown size
+    err, data = served.read(node, fh, len(CONTENT) - 4, 100)
+    assert err == 0 and data == CONTENT[-4:] + (b"tail" * 24)
+    served.release(node, fh)

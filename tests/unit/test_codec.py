@@ -71,6 +71,17 @@ def test_entry_and_attr_replies_carry_the_attributes(tmp_path) -> None:
     assert abi.ATTR_OUT.unpack(shown.attr(s))[3 + 9 : 3 + 12 + 1] == (stat.S_IFREG | 0o400, s.st_nlink, 5, 6)
 
 
+def test_directories_attributes_are_cached_for_their_own_timeout(tmp_path) -> None:
+    (tmp_path / "f").write_bytes(b"x")
+    r = replies.Replies(60, 60, 1, None, 0.75)
+    for attrs, timeout in ((os.lstat(tmp_path), (0, 750_000_000)), (os.lstat(tmp_path / "f"), (60, 0))):
+        entry = abi.ENTRY_OUT.unpack(r.entry(42, attrs))
+        assert (entry[2], entry[4]) == (60, 0)  # the name: entry_timeout
+        assert (entry[3], entry[5]) == timeout  # the attributes: dir_timeout for a directory
+        assert abi.ATTR_OUT.unpack(r.attr(attrs))[:2] == timeout
+    assert abi.ATTR_OUT.unpack(replies.Replies(1, 2, 0).attr(os.lstat(tmp_path)))[:2] == (2, 0)  # default: attr
+
+
 def test_negative_entry_caches_the_absence_for_its_ttl() -> None:
     reply = abi.ENTRY_OUT.unpack(replies.negative_entry(2.5))
     assert reply[0] == 0 and reply[2] == 2 and reply[4] == 500_000_000 and not any(reply[6:])

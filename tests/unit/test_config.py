@@ -75,6 +75,8 @@ def test_aliases_all_name_real_keys():
         ("readahead:\n  initial_window: 128M\n", "readahead.initial_window"),
         ("fuse:\n  attr_timeout: -1\n", "fuse.attr_timeout"),
         ("fuse:\n  attr_timeout: .nan\n", "fuse.attr_timeout: expected a finite number"),
+        ("fuse:\n  negative_timeout: -2\n", "fuse.negative_timeout: must be -1 (as dir_timeout) or"),
+        ("fuse:\n  dir_timeout: 0\n", "fuse.dir_timeout: must be between 0.1 and 86400"),
         ("log:\n  level: loud\n", "log.level: must be one of"),
         ("stats:\n  metrics: 'host:notaport'\n", "stats.metrics"),
         ("cache: 5\n", "cache: expected a mapping"),
@@ -285,3 +287,10 @@ def test_memory_problems_of_the_budget() -> None:
     )
     assert problems("4G") == (None, None)
     assert problems("0") == (None, None)
+
+
+def test_negative_entries_follow_dir_timeout_unless_set(tmp_path):
+    assert Config().fuse.dir_timeout == 1.0 and Config().fuse.negative_ttl == 1.0
+    assert load_config(overrides={"fuse.dir_timeout": "3"}, use_default_path=False).fuse.negative_ttl == 3.0
+    config = load_config(overrides={"fuse.dir_timeout": "3", "fuse.negative_timeout": "0"}, use_default_path=False)
+    assert config.fuse.negative_ttl == 0.0  # set: its own (0: not cached)

@@ -161,6 +161,44 @@ def test_directories_keep_their_node_when_their_listing_changes(tmp_path) -> Non
     assert table.lookup(table.root, "d", st) is d1 and d1.st.st_mtime_ns == st.st_mtime_ns
 
 
+def test_the_names_held_per_directory_follow_lookups_and_forgets(tmp_path) -> None:
+    (tmp_path / "d").mkdir()
+    table = NodeTable(os.lstat(tmp_path), check_invariants=True)
+    d = table.lookup(table.root, "d", os.lstat(tmp_path / "d"))
+    a = table.lookup(d, "a", _stat(tmp_path / "d", "a", b"1"))
+    table.lookup(d, "b", _stat(tmp_path / "d", "b"))
+    a2 = table.lookup(d, "a", _stat(tmp_path / "d", "a", b"22"))  # another version: a second node of "a"
+    assert a2 is not a and sorted(table.names_in(d.nodeid)) == ["a", "b"] and table.names_in(ROOT_ID) == ["d"]
+    table.forget(a.nodeid, 1)
+    assert sorted(table.names_in(d.nodeid)) == ["a", "b"]  # a2 still holds the name
+    table.forget(a2.nodeid, 1)
+    assert table.names_in(d.nodeid) == ["b"]
+    assert table.names_in(12345) == []
+
+
+def test_a_grown_file_moves_its_node_to_the_new_size(tmp_path) -> None:
+    table = NodeTable(os.lstat(tmp_path), check_invariants=True)
+    st = _stat(tmp_path, "f", b"0123")
+    node = table.lookup(table.root, "f", st)
+    table.acquire(node, "served")
+    with open(tmp_path / "f", "ab") as f:
+        f.write(b"4567")
+    grown = os.lstat(tmp_path / "f")
+    assert table.grew(node, grown) and node.st is grown and node.version == version_of(grown)
+    assert table.current("/f") is node
+    other = _stat(tmp_path, "g", b"0123456789")
+    assert not table.grew(node, other)  # another inode
+    with open(tmp_path / "f", "r+b") as f:
+        f.truncate(2)
+    assert not table.grew(node, os.lstat(tmp_path / "f"))  # smaller
+    assert not table.grew(node, os.lstat(tmp_path))  # a directory
+    assert node.st is grown
+    table.released(node)
+    table.forget(node.nodeid, 1)
+    assert not table.grew(node, grown)  # forgotten
+    table.check_invariants()
+
+
 def test_routes_are_shared_by_open_handles(tmp_path) -> None:
     table = NodeTable(os.lstat(tmp_path))
     node = table.lookup(table.root, "f", _stat(tmp_path, "f"))
@@ -223,6 +261,21 @@ class NodeMachine(RuleBasedStateMachine):
             self.opens[node.nodeid] = self.opens.get(node.nodeid, 0) + 1
             if route == "passthrough":
                 self.table.attach_backing(node, 100 + node.nodeid)
+
+    @precondition(lambda self: any(self.opens.values()))
+    @rule(data=st.data())
+    def grow(self, data) -> None:
+        """A file with open handles is appended to: their node moves to the grown file."""
+        node = self.table.get(data.draw(st.sampled_from(sorted(k for k, v in self.opens.items() if v))))
+        path = os.path.join(self.dir, node.name)
+        st_now = os.lstat(path)
+        if (st_now.st_dev, st_now.st_ino) != (node.st.st_dev, node.st.st_ino):
+            assert not self.table.grew(node, st_now)  # replaced since: not this node's file
+            return
+        with open(path, "ab") as f:
+            f.write(b"+")
+        grown = os.lstat(path)
+        assert self.table.grew(node, grown) and node.st is grown
 
     @precondition(lambda self: any(self.opens.values()))
     @rule(data=st.data())
