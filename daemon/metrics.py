@@ -230,6 +230,14 @@ class SnapshotCollector(Collector):
         )
         fam.add_metric([self._label, __version__], 1.0)
         yield fam
+        if source := snap.get("source"):
+            fam = GaugeMetricFamily(
+                PREFIX + "source_info",
+                "The source's mount type and the access shape chosen for it (always 1).",
+                labels=[LABEL, "mount_type", "shape"],
+            )
+            fam.add_metric([self._label, str(source.get("mount_type", "")), str(source.get("shape", ""))], 1.0)
+            yield fam
 
 
 def make_registry(snapshot_fn: Callable[[], Snapshot], mount_label: str) -> CollectorRegistry:

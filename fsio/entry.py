@@ -11,6 +11,8 @@ component         owner (the writer)    what
 ``source``        fills, probe, table   :class:`~fastfs.fsio.source.SourceRef`: the reference-counted
                                         source file (the handle table holds it for the handles)
 ``stuck_reads``   :mod:`.fills`         :class:`StuckReads`: source reads a reader gave up on
+``stream``        :mod:`.fills`         :class:`SourceStream`: the in-order block fills of the
+                                        sequential shape (None until the first one)
 ``format``        :mod:`.probe`         :class:`FormatState`: the format probe, range plan, heads
 ``reads``         :mod:`.readpath`      :class:`ReadState`: stream policy, byte counters
 ``group``         :mod:`.pool`          :class:`~fastfs.fsio.pool.FileGroup`: the version's jobs
@@ -24,7 +26,8 @@ circle.
 
 Concurrency: identity (``path``, ``key``, ``size``, ``st``, ``dkey``) is set once. The entry's
 ``lock`` guards the fields of ``stuck_reads``, ``format`` and ``reads`` as each component says
-(held only while a policy decides or a count changes, never across I/O); ``handles`` is guarded by
+(held only while a policy decides or a count changes, never across I/O), and ``stream`` and its
+fields; ``handles`` is guarded by
 the handle table's lock, ``source`` by its own, ``group`` by the pool's, ``disk_fd`` as said there.
 """
 
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from fastfs.fsio.policy import RangePlan, StreamPolicy
 from fastfs.fsio.pool import FileGroup
@@ -65,6 +68,23 @@ class StuckReads:
         self.probe_at = 0.0  # monotonic time the last read was let through to a stuck file
         self.clear = threading.Event()  # set while count == 0
         self.clear.set()
+
+
+class SourceStream:
+    """The version's one source stream in the sequential shape (owned by :mod:`fastfs.fsio.fills`,
+    which alone writes it): block fills waiting for the stream, ordered by offset, and the one pool
+    job (``runner``) that reads them one after the other; ``pos`` is where the stream stands (the end
+    of the last read issued, None before the first).
+
+    Concurrency: every field is guarded by the entry's lock (held only to queue or take a fill)."""
+
+    __slots__ = ("queue", "pos", "runner", "serial")
+
+    def __init__(self) -> None:
+        self.queue: list[tuple[int, int, Any]] = []  # (file offset, serial, fill), sorted
+        self.pos: int | None = None
+        self.runner: Any = None  # the pool job reading the queue, while it is queued or running
+        self.serial = 0  # ties of one offset in queue order (a fill is never compared)
 
 
 class FormatState:
@@ -112,6 +132,7 @@ class FileEntry:
         "lock",
         "source",
         "stuck_reads",
+        "stream",
         "format",
         "reads",
         "group",
@@ -137,6 +158,7 @@ class FileEntry:
         self.lock = threading.Lock()
         self.source = source
         self.stuck_reads = StuckReads()
+        self.stream: SourceStream | None = None  # created by the first fill of the sequential shape
         self.format = FormatState()
         self.reads = ReadState(policy)
         self.group = FileGroup()

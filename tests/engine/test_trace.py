@@ -124,7 +124,9 @@ def test_engine_logs_opens_and_decisions_not_reads(tmp_path: Path, engine_log: i
     finally:
         engine.close()
     lines = engine_log.getvalue().splitlines()
-    assert "open /a.npy: " in lines[0]
+    # the mount's first line: the source's access shape and why
+    assert lines[0].startswith("source ") and "read parallel (local filesystem)" in lines[0], lines[0]
+    assert "open /a.npy: " in lines[1]
     assert any(line.startswith("/a.npy: npy format plan of ") for line in lines)
     assert sum(line.startswith("open ") for line in lines) == 7
     assert sum("/blob.bin: sequential reads at offset" in line for line in lines) >= 1
