@@ -1,0 +1,255 @@
+"""The source's access shape in the engine: the mount table's type -> the shape in force, the jump
+probe started once on the first large file, and the sequential shape's fills: one source stream per
+file, read strictly in order, one read at a time, a format plan fetched whole in file order, a
+reader waiting for a queued block never making the stream jump.
+
+Every source pread of the test file is recorded per descriptor (``os.preadv`` wrapped: the offset
+and size asked, in the order issued), so "each handle reads in order" is checked on what the source
+was actually asked, and the parallel shape serves as the contrast the checks can fail on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import wait_for
+
+from fastfs.config import Config
+from fastfs.fsio import shape, source
+from fastfs.fsio.engine import Engine
+from fastfs.fsio.shape import PARALLEL, SEQUENTIAL
+
+MIB = 1024 * 1024
+# Seconds a gated source read waits for the reader it waits on (a bound, never reached when it works).
+GATE_TIMEOUT = 10.0
+
+
+def _config(kind: str, **readahead: object) -> Config:
+    base = Config()
+    ra = dataclasses.replace(base.readahead, source_shape=kind, learn=False, **readahead)
+    return dataclasses.replace(base, readahead=ra, cache=dataclasses.replace(base.cache, budget=256 * MIB))
+
+
+def _drop_page_cache(path: Path) -> None:
+    """Evict the file's pages, so the engine reads it with O_DIRECT (it reads a cached file buffered)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+class Recorder:
+    """Wraps ``os.preadv``: the (offset, size) asked of each descriptor of one file, in issue order.
+    *gate* (optional) is called before the first O_DIRECT read of the file."""
+
+    def __init__(self, path: Path, gate=None) -> None:
+        self.ino = os.stat(path).st_ino
+        self.reads: dict[int, list[tuple[int, int]]] = {}
+        self.direct: set[int] = set()
+        self.gate = gate
+        self._lock = threading.Lock()
+        self._real = os.preadv
+
+    def __call__(self, fd: int, buffers, offset: int, *args):
+        try:
+            mine = os.fstat(fd).st_ino == self.ino
+        except OSError:
+            mine = False
+        if mine:
+            direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+            with self._lock:
+                first_direct = direct and not self.direct
+                if direct:
+                    self.direct.add(fd)
+                self.reads.setdefault(fd, []).append((offset, sum(len(b) for b in buffers)))
+            if first_direct and self.gate is not None:
+                self.gate()
+        return self._real(fd, buffers, offset, *args)
+
+
+def _in_order(reads: list[tuple[int, int]]) -> bool:
+    """Each read starts where the one before it ended (strictly increasing, contiguous)."""
+    return all(offset == prev + size for (prev, size), (offset, _) in zip(reads, reads[1:], strict=False))
+
+
+def _read_all(engine: Engine, fh: int, size: int, chunk: int = MIB) -> bytes:
+    return b"".join(engine.read(fh, offset, chunk) for offset in range(0, size, chunk))
+
+
+def test_sequential_shape_reads_each_source_handle_in_order(tmp_path: Path, monkeypatch) -> None:
+    """1 MiB sequential reads of a 48 MiB file: with the sequential shape every source descriptor is
+    read strictly in order (the fills on one O_DIRECT stream, whole blocks one after the other), the
+    source reads the file once; the parallel shape spreads pieces over several handles out of order."""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(48 * MIB)
+    (src / "f.bin").write_bytes(data)
+    seen = {}
+    for kind in (SEQUENTIAL, PARALLEL):
+        _drop_page_cache(src / "f.bin")
+        recorder = Recorder(src / "f.bin")
+        monkeypatch.setattr(os, "preadv", recorder)
+        engine = Engine(str(src), _config(kind))
+        try:
+            fh = engine.open("/f.bin").fh
+            assert _read_all(engine, fh, len(data)) == data
+            engine.release(fh)
+            counters = engine.snapshot()["counters"]
+        finally:
+            engine.close()
+            monkeypatch.setattr(os, "preadv", recorder._real)
+        seen[kind] = (recorder, counters)
+    recorder, counters = seen[SEQUENTIAL]
+    assert recorder.direct, "the fills used no O_DIRECT stream"
+    assert len(recorder.reads) <= 2  # the file's own descriptor (its format probe) and its one stream
+    for fd, reads in recorder.reads.items():
+        assert _in_order(reads), (fd, reads[:20])
+    stream = recorder.reads[next(iter(recorder.direct))]
+    assert stream[0][0] == 0 and sum(size for _, size in stream) == len(data)  # the whole file, once
+    assert max(size for _, size in stream) <= source.STREAM_READ_MAX  # one FUSE request at a time
+    assert sum(size for reads in recorder.reads.values() for _, size in reads) <= 1.1 * len(data)
+    assert counters["stream_fills"] == len(data) // (4 * MIB) and counters["stream_jumps"] == 0
+    # the contrast: the parallel shape's pieces are out of order on their handles
+    recorder, counters = seen[PARALLEL]
+    assert len(recorder.direct) > 1
+    assert not all(_in_order(recorder.reads[fd]) for fd in recorder.direct)
+    assert counters["stream_fills"] == 0
+
+
+def test_plan_fetched_in_file_order_and_a_waiting_reader_does_not_reorder_the_stream(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """An .npy's plan fits the budget: it is fetched whole at open, in file order, on one stream. A
+    reader that asks for the file's last MiB first waits for the stream to get there (its read is
+    held until the reader waits): the stream never jumps, and every read is then served from RAM."""
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.arange(6 * MIB, dtype=np.float32))  # 24 MiB of data after the header
+    data = (src / "a.npy").read_bytes()
+    _drop_page_cache(src / "a.npy")
+    waiting = threading.Event()
+    recorder = Recorder(src / "a.npy", gate=lambda: waiting.wait(GATE_TIMEOUT))
+    monkeypatch.setattr(os, "preadv", recorder)
+    engine = Engine(str(src), _config(SEQUENTIAL))
+    real_wait = engine.fills.wait_fill
+
+    def wait_fill(entry, block, timeout):  # the reader now waits for a queued block
+        waiting.set()
+        return real_wait(entry, block, timeout)
+
+    engine.fills.wait_fill = wait_fill
+    try:
+        fh = engine.open("/a.npy").fh
+        entry = engine.handles.get(fh)
+        last = (len(data) - 1) // engine.block_size
+        assert wait_for(lambda: engine.cache.peek(entry.key, last) is not None, timeout=10)  # the plan is queued
+        tail = engine.read(fh, len(data) - MIB, MIB)
+        assert waiting.is_set()  # it waited for the stream, which was held until then
+        assert tail == data[-MIB:]
+        assert _read_all(engine, fh, len(data)) == data
+        counters = engine.snapshot()["counters"]
+        engine.release(fh)
+    finally:
+        engine.close()
+        monkeypatch.setattr(os, "preadv", recorder._real)
+    assert len(recorder.direct) == 1
+    stream = recorder.reads[next(iter(recorder.direct))]
+    assert _in_order(stream), stream[:20]
+    assert stream[0][0] == 0 and stream[-1][0] + stream[-1][1] >= len(data)  # every block, in file order
+    assert counters["stream_jumps"] == 0 and counters["stream_fills"] == last + 1
+    assert counters["format_plans"] == 1 and counters["bytes_fetched_demand"] == 0  # all of it ahead of the reader
+
+
+def _fake_mount_table(tmp_path: Path, src: Path, mount_type: str, monkeypatch) -> None:
+    """The process's mount table says *src* is a mount of *mount_type* (and statfs calls nothing local)."""
+    table = tmp_path / "mountinfo"
+    table.write_text(f"22 1 252:1 / / rw - ext4 /dev/vda rw\n60 22 0:70 / {src} rw - {mount_type} remote: rw\n")
+    monkeypatch.setattr(source, "MOUNTINFO", str(table))
+    monkeypatch.setattr(source, "LOCAL_FS_TYPES", frozenset())
+
+
+@pytest.mark.parametrize(
+    ("mount_type", "setting", "kind", "reason"),
+    [
+        ("fuse.rclone", "auto", SEQUENTIAL, "rclone serves a handle as one ranged download"),
+        ("fuse.rclone", "parallel", PARALLEL, "readahead.source_shape=parallel"),
+        ("nfs4", "auto", PARALLEL, "nfs4 reads any offset on any handle"),
+        ("nfs4", "sequential", SEQUENTIAL, "readahead.source_shape=sequential"),
+    ],
+)
+def test_mount_table_line_decides_the_engines_shape(tmp_path, monkeypatch, mount_type, setting, kind, reason):
+    src = tmp_path / "src"
+    src.mkdir()
+    _fake_mount_table(tmp_path, src, mount_type, monkeypatch)
+    engine = Engine(str(src), _config(setting))
+    try:
+        section = engine.snapshot()["source"]
+    finally:
+        engine.close()
+    assert section["mount_type"] == mount_type and section["local"] is False
+    assert (section["shape"], section["reason"], section["setting"]) == (kind, reason, setting)
+    assert section["probe"] == shape.PROBE_NONE
+
+
+def test_unknown_fuse_client_is_probed_once_on_the_first_large_file(tmp_path: Path, monkeypatch) -> None:
+    """A FUSE client nobody knows: one handle in order until the jump probe says; the probe runs once,
+    on the first large file opened, off the reader's thread, and its answer is the shape."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "small.bin").write_bytes(os.urandom(MIB))
+    for name in ("big1.bin", "big2.bin"):
+        (src / name).write_bytes(os.urandom(shape.PROBE_MIN_SIZE))
+    _fake_mount_table(tmp_path, src, "fuse.unknownfs", monkeypatch)
+    probed: list[tuple[str, int, str]] = []
+    done = threading.Event()
+
+    def probe(path: str, size: int) -> tuple[float, float]:
+        probed.append((path, size, threading.current_thread().name))
+        done.set()
+        return 0.0005, 0.030  # a jump restarts the download
+
+    engine = Engine(str(src), _config("auto"))
+    engine.fills.jump_probe = probe
+    try:
+        assert engine.snapshot()["source"]["probe"] == shape.PROBE_DUE
+        assert engine.shaper.sequential  # in order until the probe tells
+        for name in ("small.bin", "big1.bin", "big2.bin"):
+            fh = engine.open(f"/{name}").fh
+            assert engine.read(fh, 0, 4096) == (src / name).read_bytes()[:4096]
+            engine.release(fh)
+        assert done.wait(10)
+        assert wait_for(lambda: engine.snapshot()["source"]["probe"] == shape.PROBE_DONE, timeout=10)
+        section = engine.snapshot()["source"]
+    finally:
+        engine.close()
+    assert [(path, size) for path, size, _ in probed] == [("/big1.bin", shape.PROBE_MIN_SIZE)]
+    assert probed[0][2] != threading.current_thread().name  # a pool job, not the reader's thread
+    assert section["shape"] == SEQUENTIAL and "30.0 ms" in section["reason"]
+    assert (section["probe_continue_ms"], section["probe_jump_ms"]) == (0.5, 30.0)
+
+
+def test_jump_probe_reads_one_fresh_handle(tmp_path: Path) -> None:
+    """The probe's I/O on a real file: positive timings; a file too small to jump far is refused."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(shape.PROBE_MIN_SIZE))
+    (src / "small.bin").write_bytes(b"x" * MIB)
+    _drop_page_cache(src / "big.bin")
+    root = source.Source(str(src))
+    try:
+        continue_s, jump_s = source.jump_probe(root, "/big.bin", shape.PROBE_MIN_SIZE)
+        assert continue_s > 0 and jump_s > 0
+        with pytest.raises(OSError):
+            source.jump_probe(root, "/small.bin", MIB)
+        with pytest.raises(OSError):
+            source.jump_probe(root, "/gone.bin", shape.PROBE_MIN_SIZE)
+    finally:
+        root.close()
