@@ -449,7 +449,9 @@ class Fills:
         to the block-read streams (``O_DIRECT`` where the source has it) through a page-aligned
         bounce buffer, split into up to ``source_streams`` pieces read in parallel: a buffered read
         of a latency-bound source is cut by the source's own small read-ahead into round trips one
-        after the other, and one stream's bandwidth would bound it.
+        after the other, and one stream's bandwidth would bound it. In the sequential shape it is
+        one read of the file's own descriptor instead (the streams would restart), still on the pool
+        under the read timeout.
         """
         timeout = self.read_timeout
         if timeout and self.fail_fast(entry):
@@ -457,9 +459,11 @@ class Fills:
         source = entry.source
         src = source.get()
         length = len(view)
-        # the sequential shape: on the file's own descriptor, whole (the streams are the fills')
-        aligned = length >= EXACT_ALIGNED_MIN and pos % DIRECT_ALIGN == 0 and not self.shaper.sequential
-        if not aligned and (not timeout or self.inline_reads):
+        large = length >= EXACT_ALIGNED_MIN and pos % DIRECT_ALIGN == 0
+        # the sequential shape: a large read too goes to the file's own descriptor, whole, as a direct
+        # reader's would (the stream is the fills'), still on the pool under the read timeout
+        aligned = large and not self.shaper.sequential
+        if not large and (not timeout or self.inline_reads):
             # on the reader's own thread: a hand-off to the pool costs more than the read on a fast
             # source; a hung one is bounded by the kernel layer's watchdog (abandoned_read)
             with entry.lock:

@@ -11,6 +11,7 @@ was actually asked, and the parallel shape serves as the contrast the checks can
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import os
 import threading
@@ -253,3 +254,56 @@ def test_jump_probe_reads_one_fresh_handle(tmp_path: Path) -> None:
             source.jump_probe(root, "/gone.bin", shape.PROBE_MIN_SIZE)
     finally:
         root.close()
+
+
+def test_sequential_large_exact_read_uses_the_files_descriptor_and_the_read_timeout(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A large page-aligned read outside blocks (random access) with the sequential shape: one read of
+    the file's own descriptor (not the fills' stream, not split), on a pool worker under the read
+    timeout even when small reads run inline (the kernel layer's watchdog): a hung source fails it
+    with EIO within the timeout, and the file then counts the stuck read."""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(16 * MIB)
+    (src / "f.bin").write_bytes(data)
+    _drop_page_cache(src / "f.bin")
+    engine = Engine(str(src), _config(SEQUENTIAL, read_timeout=1.0, enabled=False))
+    engine.inline_reads = True
+    release = threading.Event()
+    asked: list[tuple[int, int, bool, int]] = []
+    try:
+        fh = engine.open("/f.bin").fh
+        src_file = engine.handles.get(fh).src
+        real = type(src_file).read_into
+
+        def hang(self, offset, view, aligned=False):
+            asked.append((offset, len(view), aligned, threading.get_ident()))
+            if offset == 8 * MIB and not release.is_set():
+                release.wait(30)
+            return real(self, offset, view, aligned)
+
+        monkeypatch.setattr(type(src_file), "read_into", hang)
+        assert engine.read(fh, 4 * MIB, MIB) == data[4 * MIB : 5 * MIB]
+        assert asked == [(4 * MIB, MIB, False, asked[0][3])]  # one read, whole, not a stream's
+        assert asked[0][3] != threading.get_ident()  # on a pool worker
+        outcome: list[BaseException | bytes] = []
+        reader = threading.Thread(target=lambda: outcome.append(_try_read(engine, fh, 8 * MIB, MIB)))
+        reader.start()
+        reader.join(10)
+        assert not reader.is_alive(), "a large read of a hung source was not bounded by the read timeout"
+        assert isinstance(outcome[0], OSError) and outcome[0].errno == errno.EIO
+        assert engine.handles.get(fh).stuck == 1
+        release.set()
+        assert wait_for(lambda: engine.handles.get(fh).stuck == 0, timeout=10)
+        engine.release(fh)
+    finally:
+        release.set()
+        engine.close()
+
+
+def _try_read(engine: Engine, fh: int, offset: int, size: int) -> BaseException | bytes:
+    try:
+        return engine.read(fh, offset, size)
+    except OSError as e:
+        return e
