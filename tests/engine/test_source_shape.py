@@ -307,3 +307,28 @@ def _try_read(engine: Engine, fh: int, offset: int, size: int) -> BaseException 
         return engine.read(fh, offset, size)
     except OSError as e:
         return e
+
+
+def test_source_section_in_stats_summary_and_metrics(tmp_path: Path, monkeypatch) -> None:
+    """The snapshot's ``source`` section reaches ``fastfs stats`` (one line) and Prometheus (an info metric)."""
+    from fastfs.daemon.metrics import SnapshotCollector
+    from fastfs.daemon.statscli import format_summary
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _fake_mount_table(tmp_path, src, "fuse.rclone", monkeypatch)
+    engine = Engine(str(src), _config("auto"))
+    try:
+        snap = engine.snapshot()
+    finally:
+        engine.close()
+    line = next(line for line in format_summary(snap).splitlines() if "source shape" in line)
+    assert line == (
+        "  source shape       sequential (rclone serves a handle as one ranged download);"
+        " mount type fuse.rclone, jump probe none"
+    )
+    families = {f.name: f for f in SnapshotCollector(lambda: snap, "/mnt/x").families(snap)}
+    (sample,) = families["fastfs_source_info"].samples
+    assert sample.labels == {"mount": "/mnt/x", "mount_type": "fuse.rclone", "shape": "sequential"}
+    assert sample.value == 1.0
+    assert "source shape" not in format_summary({k: v for k, v in snap.items() if k != "source"})  # older daemons
