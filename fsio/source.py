@@ -569,7 +569,9 @@ class SourceFile:
                         return total
                     total += n
                     if total % DIRECT_ALIGN:
-                        break  # short read at EOF; finish buffered
+                        if offset + total >= self.size:
+                            return total  # the end of the file as opened: nothing more to read
+                        break  # short read before it (EOF moved, or the source's own limit): finish buffered
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise

@@ -49,13 +49,13 @@ def _drop_page_cache(path: Path) -> None:
 
 class Recorder:
     """Wraps ``os.preadv``: the (offset, size) asked of each descriptor of one file, in issue order.
-    *gate* (optional) is called before the first O_DIRECT read of the file."""
+    *gate* (optional) is called before the first O_DIRECT read of the file at *gate_from* or beyond."""
 
-    def __init__(self, path: Path, gate=None) -> None:
+    def __init__(self, path: Path, gate=None, gate_from: int = 0) -> None:
         self.ino = os.stat(path).st_ino
         self.reads: dict[int, list[tuple[int, int]]] = {}
         self.direct: set[int] = set()
-        self.gate = gate
+        self.gate, self.gate_from, self.gated = gate, gate_from, False
         self._lock = threading.Lock()
         self._real = os.preadv
 
@@ -67,11 +67,12 @@ class Recorder:
         if mine:
             direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
             with self._lock:
-                first_direct = direct and not self.direct
+                gate = direct and offset >= self.gate_from and not self.gated and self.gate is not None
+                self.gated = self.gated or gate
                 if direct:
                     self.direct.add(fd)
                 self.reads.setdefault(fd, []).append((offset, sum(len(b) for b in buffers)))
-            if first_direct and self.gate is not None:
+            if gate:
                 self.gate()
         return self._real(fd, buffers, offset, *args)
 
@@ -110,10 +111,10 @@ def test_sequential_shape_reads_each_source_handle_in_order(tmp_path: Path, monk
         seen[kind] = (recorder, counters)
     recorder, counters = seen[SEQUENTIAL]
     assert recorder.direct, "the fills used no O_DIRECT stream"
-    assert len(recorder.reads) <= 2  # the file's own descriptor (its format probe) and its one stream
-    for fd, reads in recorder.reads.items():
-        assert _in_order(reads), (fd, reads[:20])
+    # one handle: the stream (the format probe's head came from block 0, the stream's first read)
+    assert list(recorder.reads) == list(recorder.direct), recorder.reads.keys()
     stream = recorder.reads[next(iter(recorder.direct))]
+    assert _in_order(stream), stream[:20]
     assert stream[0][0] == 0 and sum(size for _, size in stream) == len(data)  # the whole file, once
     assert max(size for _, size in stream) <= source.STREAM_READ_MAX  # one FUSE request at a time
     assert sum(size for reads in recorder.reads.values() for _, size in reads) <= 1.1 * len(data)
@@ -128,8 +129,9 @@ def test_sequential_shape_reads_each_source_handle_in_order(tmp_path: Path, monk
 def test_plan_fetched_in_file_order_and_a_waiting_reader_does_not_reorder_the_stream(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """An .npy's plan fits the budget: it is fetched whole at open, in file order, on one stream. A
-    reader that asks for the file's last MiB first waits for the stream to get there (its read is
+    """An .npy's plan fits the budget: it is fetched whole at open, in file order, on one stream (the
+    format probe's head from its first block: the file's own descriptor is never read). A reader that
+    asks for the file's last MiB first waits for the stream to get there (the stream's second block is
     held until the reader waits): the stream never jumps, and every read is then served from RAM."""
     src = tmp_path / "src"
     src.mkdir()
@@ -137,13 +139,15 @@ def test_plan_fetched_in_file_order_and_a_waiting_reader_does_not_reorder_the_st
     data = (src / "a.npy").read_bytes()
     _drop_page_cache(src / "a.npy")
     waiting = threading.Event()
-    recorder = Recorder(src / "a.npy", gate=lambda: waiting.wait(GATE_TIMEOUT))
+    recorder = Recorder(src / "a.npy", gate=lambda: waiting.wait(GATE_TIMEOUT), gate_from=4 * MIB)
     monkeypatch.setattr(os, "preadv", recorder)
     engine = Engine(str(src), _config(SEQUENTIAL))
     real_wait = engine.fills.wait_fill
+    reader = threading.current_thread()
 
     def wait_fill(entry, block, timeout):  # the reader now waits for a queued block
-        waiting.set()
+        if threading.current_thread() is reader:
+            waiting.set()
         return real_wait(entry, block, timeout)
 
     engine.fills.wait_fill = wait_fill
@@ -161,7 +165,7 @@ def test_plan_fetched_in_file_order_and_a_waiting_reader_does_not_reorder_the_st
     finally:
         engine.close()
         monkeypatch.setattr(os, "preadv", recorder._real)
-    assert len(recorder.direct) == 1
+    assert len(recorder.direct) == 1 and list(recorder.reads) == list(recorder.direct)  # one handle
     stream = recorder.reads[next(iter(recorder.direct))]
     assert _in_order(stream), stream[:20]
     assert stream[0][0] == 0 and stream[-1][0] + stream[-1][1] >= len(data)  # every block, in file order
