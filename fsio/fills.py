@@ -312,6 +312,29 @@ class Fills:
         if not self.pool.submit_prefetch(run):
             shaper.unclaim_probe()  # the queue is full: the next large file's fill tries again
 
+    def from_first_block(self, entry: FileEntry, pos: int, view: memoryview) -> int | None:
+        """Fill *view* (inside block 0) from block 0, filled on the file's stream if it is not in RAM
+        yet (the sequential shape: the format probe's head, and a reader's first reads while the probe
+        runs): the stream's first read is the one the reader needs first, and the file's own
+        descriptor is not read at its start (on a stream-oriented client every handle read there is a
+        download of its own). Returns the bytes copied; None when the block cannot be had (budget, a
+        failed fill). Raises as :meth:`wait_fill` does."""
+        block = self.cache.get(entry.key, 0)
+        if block is None:
+            block = self.fetch_block(entry, 0, demand=False, keep_pin=True)
+            if block is None:
+                return None
+        try:
+            if block.state != READY:
+                self.wait_fill(entry, block, self.read_timeout or None)
+            if block.state != READY:
+                return None
+            n = max(0, min(len(view), block.start + block.length - pos))
+            view[:n] = block.view[pos - block.start : pos - block.start + n]
+            return n
+        finally:
+            self.cache.unpin(block)
+
     def _complete_fill(self, block: Block, length: int, fill: Preads) -> None:
         """The last piece of a block's fill finished: the block is complete, or failed if a piece failed."""
         try:
@@ -428,15 +451,22 @@ class Fills:
     # -- exact reads ------------------------------------------------------------------------------
     def read_exact(self, entry: FileEntry, pos: int, view: memoryview) -> int:
         """Bytes a read takes outside blocks: from the disk tier when it holds them (checked there), else
-        from the source (:meth:`read_direct`). A small file read whole from the source this way is
-        also given to the tier, as a copy (the reader's buffer goes back to the kernel)."""
+        from the source (:meth:`read_direct`; in the sequential shape a read inside the first block of a
+        file whose format probe started comes from block 0, which the probe fills on the stream). A
+        small file read whole from the source this way is also given to the tier, as a copy (the
+        reader's buffer goes back to the kernel)."""
         disk = self.disk
-        if disk is None or not entry.dkey:
-            return self.read_direct(entry, pos, view)
-        if disk.holds(entry.dkey, pos, len(view)):
+        if disk is not None and entry.dkey and disk.holds(entry.dkey, pos, len(view)):
             n = disk.read(entry.dkey, pos, view)
             if n is not None:
                 return n
+        if self.shaper.sequential and entry.format.probed and pos + len(view) <= self.block_size:
+            # the format probe reads block 0 on the stream: a reader's first reads wait for it
+            n = self.from_first_block(entry, pos, view)
+            if n is not None:
+                return n
+        if disk is None or not entry.dkey:
+            return self.read_direct(entry, pos, view)
         n = self.read_direct(entry, pos, view)
         if pos == 0 and n == entry.size and 0 < n <= DISK_COPY_MAX:
             disk.store_copy(entry.dkey, entry.size, view[:n])

@@ -143,9 +143,10 @@ class FormatProbe:
         if cached is not None:  # warmed or scanned already: no source read for the probe
             return cached
         if self.fills.shaper.sequential and offset + length <= self.block_size:
-            head = self._from_first_block(entry, offset, length)
-            if head is not None:
-                return head
+            buf = bytearray(max(0, min(length, entry.size - offset)))
+            n = self.fills.from_first_block(entry, offset, memoryview(buf))
+            if n is not None:
+                return bytes(buf[:n])
         if self.disk is not None and self.disk.holds(entry.dkey, offset, length):
             buf = bytearray(max(0, min(length, entry.size - offset)))
             n = self.disk.read(entry.dkey, offset, memoryview(buf))
@@ -159,27 +160,6 @@ class FormatProbe:
             return bytes(buf[:n])
         finally:
             entry.source.put(src)
-
-    def _from_first_block(self, entry: FileEntry, offset: int, length: int) -> bytes | None:
-        """[offset, offset+length) (inside block 0) from block 0, filled on the file's stream if it is
-        not in RAM yet (the sequential shape): the stream's first read is then the one the reader
-        needs first, and the file's own descriptor is not read for the head (on a stream-oriented
-        client every handle read at the start is a download of its own). None when the block cannot
-        be had (budget, a failed fill); OSError when the wait for it timed out."""
-        block = self.cache.get(entry.key, 0)
-        if block is None:
-            block = self.fills.fetch_block(entry, 0, demand=False, keep_pin=True)
-            if block is None:
-                return None
-        try:
-            if block.state != READY:
-                self.fills.wait_fill(entry, block, self.readahead.read_timeout or None)
-            if block.state != READY:
-                return None
-            end = min(offset + length, block.start + block.length)
-            return bytes(block.view[offset - block.start : max(offset, end) - block.start])
-        finally:
-            self.cache.unpin(block)
 
     def _plan_format(self, entry: FileEntry) -> None:
         if entry.handles == 0:  # (read without the table's lock: closed meanwhile, a probe is not worth it)

@@ -336,3 +336,40 @@ def test_source_section_in_stats_summary_and_metrics(tmp_path: Path, monkeypatch
     assert sample.labels == {"mount": "/mnt/x", "mount_type": "fuse.rclone", "shape": "sequential"}
     assert sample.value == 1.0
     assert "source shape" not in format_summary({k: v for k, v in snap.items() if k != "source"})  # older daemons
+
+
+def test_first_reads_wait_for_block_0_on_the_stream_not_the_files_descriptor(tmp_path: Path, monkeypatch) -> None:
+    """safetensors' loader reads 8 bytes at offset 0, then the header, right after its open, while
+    the format probe is still queued: with the sequential shape those reads come from block 0, which
+    the probe fills as the stream's first read; the file's own descriptor is never read (over rclone
+    a read of it at the start was one more download of the file)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(12 * MIB)
+    (src / "m.bin").write_bytes(data)
+    _drop_page_cache(src / "m.bin")
+    recorder = Recorder(src / "m.bin")
+    monkeypatch.setattr(os, "preadv", recorder)
+    engine = Engine(str(src), _config(SEQUENTIAL))
+    hold = threading.Event()
+    real_probe = engine.probe._probe_format
+
+    def held_probe(entry):  # the probe's job runs only once the reader has read
+        hold.wait(GATE_TIMEOUT)
+        real_probe(entry)
+
+    engine.probe._probe_format = held_probe
+    try:
+        fh = engine.open("/m.bin").fh
+        assert engine.read(fh, 0, 8) == data[:8]
+        assert engine.read(fh, 8, 20000) == data[8:20008]
+        hold.set()
+        assert wait_for(lambda: not engine.handles.get(fh).format.planning, timeout=10)
+        assert _read_all(engine, fh, len(data)) == data
+        engine.release(fh)
+    finally:
+        hold.set()
+        engine.close()
+        monkeypatch.setattr(os, "preadv", recorder._real)
+    assert list(recorder.reads) == list(recorder.direct), recorder.reads  # one handle: the stream
+    assert _in_order(recorder.reads[next(iter(recorder.direct))])
