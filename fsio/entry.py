@@ -92,14 +92,16 @@ class FormatState:
 
     Concurrency: ``probed`` and ``plan`` are written under the entry's lock (``plan`` set once);
     ``planning`` is set under it and cleared by the probe without it (a bool store; readers only steer
-    prefetch by it); ``heads`` is replaced whole under the lock and read without it (one attribute
-    load of an immutable tuple)."""
+    prefetch by it); ``planned`` (the sequential shape only) is made with ``planning`` and set when it
+    is cleared, for readers that wait for the plan; ``heads`` is replaced whole under the lock and
+    read without it (one attribute load of an immutable tuple)."""
 
-    __slots__ = ("probed", "planning", "plan", "heads")
+    __slots__ = ("probed", "planning", "planned", "plan", "heads")
 
     def __init__(self) -> None:
         self.probed = False  # a format probe was started
         self.planning = False  # a format probe is queued or running (its plan will decide what to fetch)
+        self.planned: threading.Event | None = None  # set once that probe ended (the sequential shape)
         self.plan: RangePlan | None = None  # the format's range plan
         self.heads: tuple[HeadWindow, ...] = ()  # the fetched head windows, by start
 

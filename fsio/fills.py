@@ -77,6 +77,10 @@ EXACT_SPLIT_MIN = 256 * 1024
 # a reader waiting for a block waits for its slowest piece, not for one stream to carry all of it,
 # and queued blocks complete in queue order instead of all together at the end.
 FILL_SPLIT_MIN = 1024 * 1024
+# Seconds (at most; never more than read_timeout) a read outside blocks waits, in the sequential
+# shape, for the format plan of its file being made (a probe parses a head in milliseconds once its
+# first block is in): the plan's blocks then serve it instead of a read of the file's descriptor.
+PLAN_WAIT = 2.0
 # Largest whole file an exact read hands the disk tier as a copy (larger files are read in blocks, which
 # the tier takes without a copy).
 DISK_COPY_MAX = 1024 * 1024
@@ -312,16 +316,32 @@ class Fills:
         if not self.pool.submit_prefetch(run):
             shaper.unclaim_probe()  # the queue is full: the next large file's fill tries again
 
-    def from_first_block(self, entry: FileEntry, pos: int, view: memoryview) -> int | None:
-        """Fill *view* (inside block 0) from block 0, filled on the file's stream if it is not in RAM
-        yet (the sequential shape: the format probe's head, and a reader's first reads while the probe
-        runs): the stream's first read is the one the reader needs first, and the file's own
-        descriptor is not read at its start (on a stream-oriented client every handle read there is a
-        download of its own). Returns the bytes copied; None when the block cannot be had (budget, a
-        failed fill). Raises as :meth:`wait_fill` does."""
-        block = self.cache.get(entry.key, 0)
+    def _from_plan_block(self, entry: FileEntry, pos: int, view: memoryview) -> int | None:
+        """The sequential shape, a read outside blocks of a file whose format probe started: inside
+        block 0 it comes from block 0 (:meth:`from_stream_block`); elsewhere it first waits for the
+        probe's plan (:data:`PLAN_WAIT` at most) and comes from the plan's block when there is one.
+        None: no block holds it (the caller reads the source)."""
+        index = pos // self.block_size
+        if index == 0 and pos + len(view) <= self.block_size:
+            return self.from_stream_block(entry, pos, view)
+        planned = entry.format.planned
+        if planned is not None and entry.format.planning:
+            timeout = self.read_timeout
+            planned.wait(min(PLAN_WAIT, timeout) if timeout else PLAN_WAIT)
+        if self.cache.peek(entry.key, index) is None or (pos + len(view) - 1) // self.block_size != index:
+            return None
+        return self.from_stream_block(entry, pos, view, index)
+
+    def from_stream_block(self, entry: FileEntry, pos: int, view: memoryview, index: int = 0) -> int | None:
+        """Fill *view* (inside block *index*, 0 unless told) from that block, filled on the file's
+        stream if it is not in RAM yet (the sequential shape: the format probe's head, and a reader's
+        first reads while the probe runs): the stream's first read is the one the reader needs first,
+        and the file's own descriptor is not read at its start (on a stream-oriented client every
+        handle read there is a download of its own). Returns the bytes copied; None when the block
+        cannot be had (budget, a failed fill). Raises as :meth:`wait_fill` does."""
+        block = self.cache.get(entry.key, index)
         if block is None:
-            block = self.fetch_block(entry, 0, demand=False, keep_pin=True)
+            block = self.fetch_block(entry, index, demand=False, keep_pin=True)
             if block is None:
                 return None
         try:
@@ -451,18 +471,17 @@ class Fills:
     # -- exact reads ------------------------------------------------------------------------------
     def read_exact(self, entry: FileEntry, pos: int, view: memoryview) -> int:
         """Bytes a read takes outside blocks: from the disk tier when it holds them (checked there), else
-        from the source (:meth:`read_direct`; in the sequential shape a read inside the first block of a
-        file whose format probe started comes from block 0, which the probe fills on the stream). A
-        small file read whole from the source this way is also given to the tier, as a copy (the
-        reader's buffer goes back to the kernel)."""
+        from the source (:meth:`read_direct`; in the sequential shape, of a file whose format probe
+        started: from the plan's block, see :meth:`_from_plan_block`). A small file read whole from
+        the source this way is also given to the tier, as a copy (the reader's buffer goes back to
+        the kernel)."""
         disk = self.disk
         if disk is not None and entry.dkey and disk.holds(entry.dkey, pos, len(view)):
             n = disk.read(entry.dkey, pos, view)
             if n is not None:
                 return n
-        if self.shaper.sequential and entry.format.probed and pos + len(view) <= self.block_size:
-            # the format probe reads block 0 on the stream: a reader's first reads wait for it
-            n = self.from_first_block(entry, pos, view)
+        if self.shaper.sequential and entry.format.probed:
+            n = self._from_plan_block(entry, pos, view)
             if n is not None:
                 return n
         if disk is None or not entry.dkey:

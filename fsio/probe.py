@@ -27,7 +27,11 @@ every tensor. A larger plan is released as the loader proves it reads on, as in 
 (its fills still queue in offset order on the stream). No head windows: each would be a read at a
 distant offset on the stream (a restart); a plan fetched whole holds the heads in its blocks, and
 otherwise the loader's own reads of them go to the file's descriptor, as a direct reader's would.
-The probe's own reads inside the first block come from block 0, filled first on the stream.
+The probe's own reads inside the first block come from block 0, filled first on the stream, and a
+reader's read outside blocks while the probe runs waits for its plan (``format.planned``, at most
+:data:`~fastfs.fsio.fills.PLAN_WAIT` seconds) and is then served from the plan's block: a loader
+that parses the header as fast as the probe does and reaches for a tensor before the plan is queued
+would otherwise read the file's own descriptor there, one more download on such a client.
 
 State: what the probe learns about a version is the entry's :class:`~fastfs.fsio.entry.FormatState`
 (``entry.format``), which this module alone writes; the probe reads through the entry's own
@@ -42,6 +46,7 @@ probe holds no lock across its reads. ``readahead`` and ``learn`` are single att
 from __future__ import annotations
 
 import bisect
+import threading
 
 from fastfs.config.schema import ReadaheadConfig
 from fastfs.fsio import formats
@@ -125,8 +130,10 @@ class FormatProbe:
             probe = not state.probed
             state.probed = True
             state.planning = probe
+            if probe and self.fills.shaper.sequential:  # readers outside blocks wait for the plan
+                state.planned = threading.Event()
         if probe and not self.pool.submit_prefetch(lambda: self._probe_format(entry)):
-            state.planning = False
+            self._planned(entry)
             self.stats.add(m.BACKPRESSURE)
 
     def _probe_format(self, entry: FileEntry) -> None:
@@ -134,7 +141,15 @@ class FormatProbe:
         try:
             self._plan_format(entry)
         finally:
-            entry.format.planning = False
+            self._planned(entry)
+
+    @staticmethod
+    def _planned(entry: FileEntry) -> None:
+        """The format probe of *entry* ended (a plan queued, or none): readers waiting for it go on."""
+        state = entry.format
+        state.planning = False
+        if state.planned is not None:
+            state.planned.set()
 
     def _read_at(self, entry: FileEntry, offset: int, length: int) -> bytes:
         """[offset, offset+length) of *entry* for the format parser: from a ready cache block, the disk
@@ -144,7 +159,7 @@ class FormatProbe:
             return cached
         if self.fills.shaper.sequential and offset + length <= self.block_size:
             buf = bytearray(max(0, min(length, entry.size - offset)))
-            n = self.fills.from_first_block(entry, offset, memoryview(buf))
+            n = self.fills.from_stream_block(entry, offset, memoryview(buf))
             if n is not None:
                 return bytes(buf[:n])
         if self.disk is not None and self.disk.holds(entry.dkey, offset, length):

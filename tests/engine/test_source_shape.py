@@ -373,3 +373,56 @@ def test_first_reads_wait_for_block_0_on_the_stream_not_the_files_descriptor(tmp
         monkeypatch.setattr(os, "preadv", recorder._real)
     assert list(recorder.reads) == list(recorder.direct), recorder.reads  # one handle: the stream
     assert _in_order(recorder.reads[next(iter(recorder.direct))])
+
+
+class _HookedEvent(threading.Event):
+    """An Event that tells *waiting* when someone starts waiting on it."""
+
+    def __init__(self, waiting: threading.Event) -> None:
+        super().__init__()
+        self.waiting = waiting
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_a_read_before_the_plan_waits_for_it_and_comes_from_its_block(tmp_path: Path, monkeypatch) -> None:
+    """A loader that parses the header as fast as the probe and faults on a tensor before the plan is
+    queued: its read outside blocks waits for the plan (the probe is held until it waits) and is
+    served from the plan's block on the stream; the file's own descriptor is never read."""
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.arange(4 * MIB, dtype=np.float32))  # 16 MiB of data
+    data = (src / "a.npy").read_bytes()
+    _drop_page_cache(src / "a.npy")
+    recorder = Recorder(src / "a.npy")
+    monkeypatch.setattr(os, "preadv", recorder)
+    engine = Engine(str(src), _config(SEQUENTIAL))
+    reader_waits = threading.Event()
+    real_plan = engine.probe._plan_format
+
+    def held_plan(entry):  # the probe plans only once the reader waits for its plan
+        reader_waits.wait(GATE_TIMEOUT)
+        real_plan(entry)
+
+    engine.probe._plan_format = held_plan
+    try:
+        fh = engine.open("/a.npy").fh
+        entry = engine.handles.get(fh)
+        assert entry.format.planning and entry.format.planned is not None
+        entry.format.planned = _HookedEvent(reader_waits)
+        offset = 9 * MIB + 4096
+        assert engine.read(fh, offset, 256 * 1024) == data[offset : offset + 256 * 1024]
+        assert reader_waits.is_set()
+        assert entry.format.plan is not None
+        assert _read_all(engine, fh, len(data)) == data
+        counters = engine.snapshot()["counters"]
+        engine.release(fh)
+    finally:
+        reader_waits.set()
+        engine.close()
+        monkeypatch.setattr(os, "preadv", recorder._real)
+    assert list(recorder.reads) == list(recorder.direct), recorder.reads  # one handle: the stream
+    assert _in_order(recorder.reads[next(iter(recorder.direct))])
+    assert counters["stream_jumps"] == 0
