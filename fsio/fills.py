@@ -678,8 +678,9 @@ class StreamRunner:
     """The pool job reading one file's :class:`~fastfs.fsio.entry.SourceStream` (the sequential
     shape): it takes the next fill (the first queued at or after where the stream stands, else the
     lowest), reads it, and goes on while fills are queued; it leaves when the queue is empty (under
-    the entry's lock, so a fill queued after that starts a new runner). ``group`` is the file's pool
-    group, as for every job of the file."""
+    the entry's lock, so a fill queued after that starts a new runner). While the file's format probe
+    is making its plan from block 0, it waits for the plan (at most :data:`PLAN_WAIT`) before taking
+    the next fill. ``group`` is the file's pool group, as for every job of the file."""
 
     __slots__ = ("fills", "entry", "group")
 
@@ -691,6 +692,14 @@ class StreamRunner:
         stream = entry.stream
         assert stream is not None  # made before the first runner
         while True:
+            fmt = entry.format
+            planned = fmt.planned
+            if planned is not None and fmt.planning and _ready(fills.cache.peek(entry.key, 0)):
+                # the format probe has its head and is queuing its plan: take the next fill once it is
+                # in, so the stream goes on in file order (a reader's block further on, queued while the
+                # probe parses, would be a jump ahead and one back)
+                timeout = fills.read_timeout
+                planned.wait(min(PLAN_WAIT, timeout) if timeout else PLAN_WAIT)
             with entry.lock:
                 if fills.closed:
                     dropped = [fill for _, _, fill in stream.queue]
@@ -713,6 +722,10 @@ class StreamRunner:
             if jumped:
                 fills.stats.add(m.STREAM_JUMPS)
             fill.jobs[0]()
+
+
+def _ready(block: Block | None) -> bool:
+    return block is not None and block.state == READY
 
 
 def _take(stream: SourceStream) -> tuple[Preads | None, bool]:

@@ -16,6 +16,7 @@ import fcntl
 import os
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -425,4 +426,54 @@ def test_a_read_before_the_plan_waits_for_it_and_comes_from_its_block(tmp_path: 
         monkeypatch.setattr(os, "preadv", recorder._real)
     assert list(recorder.reads) == list(recorder.direct), recorder.reads  # one handle: the stream
     assert _in_order(recorder.reads[next(iter(recorder.direct))])
+    assert counters["stream_jumps"] == 0
+
+
+def test_a_block_queued_while_the_probe_parses_waits_for_the_plans_order(tmp_path: Path, monkeypatch) -> None:
+    """A reader's block further on, queued while the format probe parses the head it got from block 0,
+    is read in file order with the plan's blocks (the stream waits for the plan before its next
+    read), not ahead of them: no jump forward and back."""
+    from fastfs.fsio import formats
+    from fastfs.fsio import probe as probe_module
+
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.arange(5 * MIB, dtype=np.float32))  # 20 MiB of data
+    data = (src / "a.npy").read_bytes()
+    _drop_page_cache(src / "a.npy")
+    recorder = Recorder(src / "a.npy")
+    monkeypatch.setattr(os, "preadv", recorder)
+    parsing, queued, plan_waited = threading.Event(), threading.Event(), threading.Event()
+    real_plan_for = formats.plan_for
+
+    def plan_for(head, size, read_at):  # the probe has block 0 and parses: a reader queues block 3 now
+        parsing.set()
+        queued.wait(GATE_TIMEOUT)
+        return real_plan_for(head, size, read_at)
+
+    monkeypatch.setattr(formats, "plan_for", plan_for)
+    monkeypatch.setattr(probe_module, "threading", SimpleNamespace(Event=lambda: _HookedEvent(plan_waited)))
+    engine = Engine(str(src), _config(SEQUENTIAL))
+    block3 = 3 * engine.block_size
+    try:
+        fh = engine.open("/a.npy").fh
+        entry = engine.handles.get(fh)
+        assert parsing.wait(GATE_TIMEOUT)
+        block = engine.fills.fetch_block(entry, 3, demand=True)  # what a tight stream's demand does
+        assert block is not None
+        # the stream either waits for the plan or goes to block 3 at once (a jump)
+        assert wait_for(
+            lambda: plan_waited.is_set() or any(o >= block3 for fd in recorder.direct for o, _ in recorder.reads[fd]),
+            timeout=GATE_TIMEOUT,
+        )
+        queued.set()
+        assert _read_all(engine, fh, len(data)) == data
+        counters = engine.snapshot()["counters"]
+        engine.release(fh)
+    finally:
+        queued.set()
+        engine.close()
+        monkeypatch.setattr(os, "preadv", recorder._real)
+    assert list(recorder.reads) == list(recorder.direct)
+    assert _in_order(recorder.reads[next(iter(recorder.direct))]), recorder.reads
     assert counters["stream_jumps"] == 0
