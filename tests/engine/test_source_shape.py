@@ -317,7 +317,11 @@ def _try_read(engine: Engine, fh: int, offset: int, size: int) -> BaseException 
 def test_source_section_in_stats_summary_and_metrics(tmp_path: Path, monkeypatch) -> None:
     """The snapshot's ``source`` section reaches ``fastfs stats`` (one line) and Prometheus (an info metric)."""
     from fastfs.daemon.metrics import SnapshotCollector
-    from fastfs.daemon.statscli import format_summary
+
+    try:  # (the stats client's module moved to daemon/cli/ on main)
+        from fastfs.daemon.cli.stats import format_summary
+    except ImportError:
+        from fastfs.daemon.statscli import format_summary
 
     src = tmp_path / "src"
     src.mkdir()
