@@ -9,8 +9,9 @@ the daemon (``Daemon.reload``) does the same for its own settings and logs what 
 
 A path belongs in :data:`LIVE` only when everything that reads it reads the current configuration
 each time (or is told of the change by the reload): a value copied into an object built at mount
-(the pread pool's workers, the source's streams, the learned-set store's size bound, the disk tier)
-needs a remount.
+(the pread pool's workers, the source's streams, the source's access shape
+``readahead.source_shape``, chosen once per mount with its probe, the learned-set store's size
+bound, the disk tier) needs a remount.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ LIVE: frozenset[str] = frozenset(
         "readahead.scan_max_files",
         "readahead.formats",  # files opened after the reload
         "readahead.read_timeout",  # the engine's waits and the session watchdog's deadline
+        # (not readahead.source_shape: chosen once per mount, with its probe; a remount changes it)
         "log.level",
         "stats.status_interval",
     }

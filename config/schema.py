@@ -87,6 +87,8 @@ PASSTHROUGH_MODES = ("auto", "on", "off")
 # Shortest fuse.dir_timeout: it is also the period of fastfs's re-checks of the directories in use,
 # which must not spin.
 MIN_DIR_TIMEOUT = 0.1
+# readahead.source_shape values (fastfs.fsio.shape: AUTO, PARALLEL, SEQUENTIAL).
+SOURCE_SHAPES = ("auto", "parallel", "sequential")
 
 
 @dataclass(frozen=True)
@@ -285,8 +287,20 @@ class ReadaheadConfig:
     and object-store mounts serve each open handle as its own stream."""
     read_timeout: float = 120.0
     """Seconds a read may wait for the source before failing with EIO (0: wait forever)."""
+    source_shape: str = "auto"
+    """How large files are read from the source: ``parallel`` (each block as pieces over
+    source_streams handles: NFS, Lustre, local disks, sshfs), ``sequential`` (one handle per file, whole
+    blocks strictly in order: clients that serve a handle as one ranged download, such as rclone
+    without its VFS cache, s3fs, gcsfuse without its file cache), or ``auto``: chosen from the source's
+    mount type, and for an unknown FUSE client from a probe of one handle (a jump against a continuing
+    read). ``fastfs stats`` shows the choice and why. Needs a remount to change."""
 
     def validate(self) -> None:
+        _check(
+            self.source_shape in SOURCE_SHAPES,
+            "readahead.source_shape",
+            f"must be one of {', '.join(SOURCE_SHAPES)}",
+        )
         _check(
             64 * 1024 <= self.initial_window <= self.max_window,
             "readahead.initial_window",

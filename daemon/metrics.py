@@ -102,6 +102,16 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
         "passthrough_warmed_bytes_total",
         "Bytes of passthrough files asked into the source's page cache ahead of the reader.",
     ),
+    (
+        fstats.STREAM_FILLS,
+        "stream_fills_total",
+        "Block fills read on a file's one source stream (the sequential shape).",
+    ),
+    (
+        fstats.STREAM_JUMPS,
+        "stream_jumps_total",
+        "Sequential-shape block fills that did not continue where the file's stream stood.",
+    ),
     (fstats.TIMEOUTS, "read_timeouts_total", "Reads that failed: the source did not answer within read_timeout."),
     (fstats.FAST_FAILS, "reads_failed_fast_total", "Reads failed at once because earlier reads of the file hung."),
     # the disk cache tier (cache.disk_dir): present only on mounts that have one
@@ -322,6 +332,14 @@ class SnapshotCollector(Collector):
         )
         fam.add_metric([self._label, __version__], 1.0)
         yield fam
+        if source := snap.get("source"):
+            fam = GaugeMetricFamily(
+                PREFIX + "source_info",
+                "The source's mount type and the access shape chosen for it (always 1).",
+                labels=[LABEL, "mount_type", "shape"],
+            )
+            fam.add_metric([self._label, str(source.get("mount_type", "")), str(source.get("shape", ""))], 1.0)
+            yield fam
 
 
 def make_registry(snapshot_fn: Callable[[], Snapshot], mount_label: str) -> CollectorRegistry:

@@ -9,6 +9,9 @@ each in its own module and with one job:
 
 * :class:`~fastfs.fsio.source.Source` (``source``): confined access to the source directory;
   :class:`~fastfs.fsio.source.FileKey` names one version of a file.
+* :class:`~fastfs.fsio.shape.Shaper` (``shaper``): the access shape the source is read with
+  (parallel pieces over several handles, or one handle per file in order), from the source's mount
+  type, the ``readahead.source_shape`` setting and the jump probe; the fills follow it.
 * :class:`~fastfs.fsio.cache.BlockCache` (``cache``): the RAM blocks under a hard budget, keyed by
   (file key, block index); head windows under their own key kind (:class:`~fastfs.fsio.source.HeadKey`).
 * :class:`~fastfs.fsio.pool.PreadPool` (``pool``): the threads running source reads, demand before
@@ -58,6 +61,7 @@ Every part documents its own locks; no lock is held across I/O or while waiting 
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import threading
@@ -83,7 +87,8 @@ from fastfs.fsio.probe import FormatProbe
 from fastfs.fsio.readpath import ReadPath, ReplyParts
 from fastfs.fsio.refresh import Refresher
 from fastfs.fsio.scanner import Scanner
-from fastfs.fsio.source import FileKey, Source, SourceFile, cached_share, stat_key
+from fastfs.fsio.shape import Shaper, SourceFacts
+from fastfs.fsio.source import FileKey, Source, SourceFile, cached_share, jump_probe, stat_key
 from fastfs.fsio.trace import DecisionLog
 
 __all__ = ["DISK_PASSTHROUGH_MIN", "Engine", "EngineParts", "FileEntry", "OpenResult", "ReplyParts", "default_budget"]
@@ -113,6 +118,7 @@ class EngineParts:
     pool: PreadPool
     disk: DiskTier | None = None
     clock: Callable[[], float] = time.monotonic  # monotonic seconds (metadata freshness, stuck probes)
+    shaper: Shaper | None = None  # the source's access shape (None: from the source's facts and the config)
 
     @classmethod
     def build(cls, source: str, config: Config, stats: m.Stats) -> EngineParts:
@@ -150,10 +156,16 @@ class Engine:
         self._stop = threading.Event()
         if ra.learn:
             self._start_learning()
+        self.shaper = parts.shaper or Shaper(SourceFacts(self.source.mount_type, self.source.local), ra.source_shape)
+        shape = self.shaper.shape
+        log.debug(
+            "source %s: mount type %s, read %s (%s)", self.source.root, self.source.mount_type or "unknown",
+            shape.kind, shape.reason,
+        )  # fmt: skip
         self.handles = HandleTable()
         self.fills = Fills(
             self.cache, self.pool, self.stats, self.disk, self.block_size, ra.source_streams, ra.read_timeout,
-            self.handles.unstuck, self.clock,
+            self.handles.unstuck, self.clock, self.shaper, functools.partial(jump_probe, self.source),
         )  # fmt: skip
         self.probe = FormatProbe(
             self.cache, self.pool, self.stats, self.disk, self.fills, self.block_size, ra, self.trace, self.learn,
@@ -475,6 +487,7 @@ class Engine:
         self.stats.gauges = gauges
         snap = self.stats.snapshot(top)
         snap["counters"].update(disk_counters)
+        snap["source"] = self.shaper.report()
         return snap
 
     def reconfigure(self, config: Config) -> list[str]:
@@ -504,6 +517,7 @@ class Engine:
         self._stop.set()
         self.refresher.stop()
         self.scanner.close()
+        self.fills.close()  # stream runners stop before the pool does
         self.pool.close()
         self._save_learned()
         self.opener.close()

@@ -11,6 +11,8 @@ component         owner (the writer)    what
 ``source``        fills, probe, table   :class:`~fastfs.fsio.source.SourceRef`: the reference-counted
                                         source file (the handle table holds it for the handles)
 ``stuck_reads``   :mod:`.fills`         :class:`StuckReads`: source reads a reader gave up on
+``stream``        :mod:`.fills`         :class:`SourceStream`: the in-order block fills of the
+                                        sequential shape (None until the first one)
 ``format``        :mod:`.probe`         :class:`FormatState`: the format probe, range plan, heads
 ``reads``         :mod:`.readpath`      :class:`ReadState`: stream policy, byte counters
 ``group``         :mod:`.pool`          :class:`~fastfs.fsio.pool.FileGroup`: the version's jobs
@@ -28,7 +30,8 @@ read the longer file, and it leaves the disk tier): then they are replaced under
 and read without it, one attribute load each (``key`` stays: the key of the version's RAM blocks,
 whose bytes an append does not change). The entry's
 ``lock`` guards the fields of ``stuck_reads``, ``format`` and ``reads`` as each component says
-(held only while a policy decides or a count changes, never across I/O); ``handles`` is guarded by
+(held only while a policy decides or a count changes, never across I/O), and ``stream`` and its
+fields; ``handles`` is guarded by
 the handle table's lock, ``source`` by its own, ``group`` by the pool's, ``disk_fd`` as said there.
 """
 
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from fastfs.fsio.policy import RangePlan, StreamPolicy
 from fastfs.fsio.pool import FileGroup
@@ -71,19 +74,38 @@ class StuckReads:
         self.clear.set()
 
 
+class SourceStream:
+    """The version's one source stream in the sequential shape (owned by :mod:`fastfs.fsio.fills`,
+    which alone writes it): block fills waiting for the stream, ordered by offset, and the one pool
+    job (``runner``) that reads them one after the other; ``pos`` is where the stream stands (the end
+    of the last read issued, None before the first).
+
+    Concurrency: every field is guarded by the entry's lock (held only to queue or take a fill)."""
+
+    __slots__ = ("queue", "pos", "runner", "serial")
+
+    def __init__(self) -> None:
+        self.queue: list[tuple[int, int, Any]] = []  # (file offset, serial, fill), sorted
+        self.pos: int | None = None
+        self.runner: Any = None  # the pool job reading the queue, while it is queued or running
+        self.serial = 0  # ties of one offset in queue order (a fill is never compared)
+
+
 class FormatState:
     """What the format probe learned about the version (owned by :mod:`fastfs.fsio.probe`).
 
     Concurrency: ``probed`` and ``plan`` are written under the entry's lock (``plan`` set once);
     ``planning`` is set under it and cleared by the probe without it (a bool store; readers only steer
-    prefetch by it); ``heads`` is replaced whole under the lock and read without it (one attribute
-    load of an immutable tuple)."""
+    prefetch by it); ``planned`` (the sequential shape only) is made with ``planning`` and set when it
+    is cleared, for readers that wait for the plan; ``heads`` is replaced whole under the lock and
+    read without it (one attribute load of an immutable tuple)."""
 
-    __slots__ = ("probed", "planning", "plan", "heads")
+    __slots__ = ("probed", "planning", "planned", "plan", "heads")
 
     def __init__(self) -> None:
         self.probed = False  # a format probe was started
         self.planning = False  # a format probe is queued or running (its plan will decide what to fetch)
+        self.planned: threading.Event | None = None  # set once that probe ended (the sequential shape)
         self.plan: RangePlan | None = None  # the format's range plan
         self.heads: tuple[HeadWindow, ...] = ()  # the fetched head windows, by start
 
@@ -116,6 +138,7 @@ class FileEntry:
         "lock",
         "source",
         "stuck_reads",
+        "stream",
         "format",
         "reads",
         "group",
@@ -141,6 +164,7 @@ class FileEntry:
         self.lock = threading.Lock()
         self.source = source
         self.stuck_reads = StuckReads()
+        self.stream: SourceStream | None = None  # created by the first fill of the sequential shape
         self.format = FormatState()
         self.reads = ReadState(policy)
         self.group = FileGroup()

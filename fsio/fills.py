@@ -15,6 +15,19 @@ own :class:`~fastfs.fsio.source.SourceRef`. Its parts:
   watchdog bounds requests (``inline_reads``) or no timeout is set, large page-aligned ones (an mmap
   read-around) split into parallel pieces through a page-aligned bounce buffer; demand results land
   in a private buffer first, so a late completion never writes into a buffer the kernel took back.
+* **The sequential shape** (:mod:`fastfs.fsio.shape`: stream-oriented clients, where a read that
+  does not continue a handle's last one restarts its download): a block fill from the source is one
+  read of the whole block on the file's one block-read stream (O_DIRECT where the source takes it,
+  else the file's own descriptor), never split. Fills wait in the entry's
+  :class:`~fastfs.fsio.entry.SourceStream`, ordered by offset, and one pool job per file
+  (:class:`StreamRunner`) reads them one after the other: the next is the first queued at or after
+  where the stream stands, so the stream only moves forward until nothing is queued ahead (then it
+  starts again from the lowest queued: what the reader forces). At most one read is in flight on
+  the stream. A reader waiting for a queued fill promotes the runner (demand priority), never the
+  fill past the others. Exact reads take the file's own descriptor, whole, as a direct reader's
+  would. The shape in force is the mount's :class:`~fastfs.fsio.shape.Shaper`'s; the first open of
+  a large file starts the jump probe when the shaper wants one (:meth:`Fills.probe_shape`: a pool
+  job, off the reader's path).
 * **Timeouts and stuck files** (:meth:`Fills.wait_fill`, :meth:`Fills.fail_fast`,
   :meth:`Fills.abandoned_read`): a read gives up after ``read_timeout``; the reads it gave up on
   count as stuck reads of the file until they return, and while a file has stuck reads new reads
@@ -26,27 +39,34 @@ A block's fill is a :class:`BlockFill` (``block.job`` while it is queued or runn
 jobs (so a reader waiting on a queued prefetch promotes them) and the priority they were queued at.
 
 Concurrency: :class:`Fills` holds no mutable state of its own besides the settings, which
-:meth:`Fills.reconfigure` replaces (single attribute stores, read without a lock). A
+:meth:`Fills.reconfigure` replaces, and ``closed`` (single attribute stores, read without a lock). A
 :class:`Preads`' ``results``, ``left`` and ``abandoned`` are guarded by its ``guard``; the entry's
 :class:`~fastfs.fsio.entry.StuckReads`, which this module alone writes, by the entry's lock. No lock
-is held across a pread or while waiting for one.
+is held across a pread or while waiting for one. An entry's ``stream`` is guarded by the entry's
+lock, taken only to queue or take a fill (a runner is submitted to the pool under it: the pool's
+locks are never held while calling out, so the order entry lock -> pool lock is the only one).
 """
 
 from __future__ import annotations
 
 import _thread
+import bisect
 import errno
 import functools
+import logging
 import mmap
 import time
 from collections.abc import Callable
 
 from fastfs.fsio import stats as m
-from fastfs.fsio.cache import READY, Block, BlockCache, round_up
+from fastfs.fsio.cache import READY, Block, BlockCache, BlockFill, round_up
 from fastfs.fsio.disk.tier import DiskFill, DiskTier
-from fastfs.fsio.entry import FileEntry
+from fastfs.fsio.entry import FileEntry, SourceStream
 from fastfs.fsio.pool import PreadPool
+from fastfs.fsio.shape import PARALLEL, PROBE_DUE, Shaper, SourceFacts
 from fastfs.fsio.source import DIRECT_ALIGN, SourceFile
+
+log = logging.getLogger(__name__)
 
 # Exact demand reads at least this large (and page-aligned) go to a block-read stream through an
 # aligned buffer, as one source request instead of the source's read-ahead-sized pieces.
@@ -57,6 +77,10 @@ EXACT_SPLIT_MIN = 256 * 1024
 # a reader waiting for a block waits for its slowest piece, not for one stream to carry all of it,
 # and queued blocks complete in queue order instead of all together at the end.
 FILL_SPLIT_MIN = 1024 * 1024
+# Seconds (at most; never more than read_timeout) a read outside blocks waits, in the sequential
+# shape, for the format plan of its file being made (a probe parses a head in milliseconds once its
+# first block is in): the plan's blocks then serve it instead of a read of the file's descriptor.
+PLAN_WAIT = 2.0
 # Largest whole file an exact read hands the disk tier as a copy (larger files are read in blocks, which
 # the tier takes without a copy).
 DISK_COPY_MAX = 1024 * 1024
@@ -97,6 +121,8 @@ class Fills:
         read_timeout: float,
         on_unstuck: Callable[[FileEntry], None],
         clock: Callable[[], float] = time.monotonic,
+        shaper: Shaper | None = None,
+        jump_probe: Callable[[str, int], tuple[float, float]] | None = None,
     ) -> None:
         self.cache = cache
         self.pool = pool
@@ -109,16 +135,26 @@ class Fills:
         self.clock = clock  # monotonic seconds (stuck files' probe times)
         self.inline_reads = False  # set when a watchdog bounds requests: exact small reads then run on
         # the reader's thread (see read_direct)
+        self.shaper = shaper or Shaper(SourceFacts(), PARALLEL)  # the mount's access shape (fixed setting)
+        self.jump_probe = jump_probe  # (path, size) -> (continue, jump) seconds on one fresh handle
+        self.closed = False  # set once by close: stream runners stop and fail what is still queued
 
     def reconfigure(self, read_timeout: float) -> None:
         self.read_timeout = read_timeout
 
+    def close(self) -> None:
+        """The mount is going away: stream runners read nothing more (before the pool closes)."""
+        self.closed = True
+
     # -- source reads -----------------------------------------------------------------------------
-    def timed_pread(self, src: SourceFile, pos: int, view: memoryview, path: str, aligned: bool = False) -> int:
+    def timed_pread(
+        self, src: SourceFile, pos: int, view: memoryview, path: str, aligned: bool = False, single: bool = False
+    ) -> int:
         """One source pread, its latency and errors counted (errors carry *path*)."""
         t0 = time.perf_counter()
         try:
-            n = src.read_into(pos, view, aligned)
+            # (the sequential shape's flag only when set: tests stand in for read_into without it)
+            n = src.read_into(pos, view, aligned, single) if single else src.read_into(pos, view, aligned)
         except OSError as e:
             self.stats.error(errno.errorcode.get(e.errno or errno.EIO, "EIO"))
             raise OSError(e.errno or errno.EIO, e.strerror, path) from None
@@ -195,8 +231,21 @@ class Fills:
             self.cache.fail(block, e.errno or errno.EIO)
             return False
         want = min(block.capacity, round_up(length))
-        parts = spans(want, min(self.source_streams, want // FILL_SPLIT_MIN))
+        shaper = self.shaper
+        if shaper.probe_state == PROBE_DUE:
+            self.probe_shape(entry)
         done = functools.partial(self._complete_fill, block, length)
+        if shaper.sequential:  # the whole block, one read on the file's one stream, in offset order
+            fill = Preads(self, entry, src, start, block.view, [(0, want)], True, demand, done, single=True)
+            block.job = fill
+            if self._queue_on_stream(entry, fill):
+                return True
+            block.job = None
+            entry.source.put(src)
+            self.cache.fail(block, 0)
+            self.stats.add(m.BACKPRESSURE)
+            return False
+        parts = spans(want, min(self.source_streams, want // FILL_SPLIT_MIN))
         fill = Preads(self, entry, src, start, block.view, parts, True, demand, done)
         block.job = fill
         if demand:
@@ -210,6 +259,104 @@ class Fills:
         self.cache.fail(block, 0)
         self.stats.add(m.BACKPRESSURE)
         return False
+
+    # -- the sequential shape: one stream per file, fills in offset order ---------------------------
+    def _queue_on_stream(self, entry: FileEntry, fill: Preads) -> bool:
+        """Queue *fill* on the entry's stream; start its runner when none is out, or promote the one
+        queued when *fill* is for a waiting reader. False when the pool declined a new prefetch
+        runner (the fill was taken back out: nothing else was queued then)."""
+        pool = self.pool
+        with entry.lock:
+            stream = entry.stream
+            if stream is None:
+                stream = entry.stream = SourceStream()
+            stream.serial += 1
+            item = (fill.pos, stream.serial, fill)
+            bisect.insort(stream.queue, item)
+            runner = stream.runner
+            if runner is None:  # the queue was empty (a runner leaves only when it is): start one
+                runner = stream.runner = StreamRunner(self, entry)
+                if fill.demand:
+                    pool.submit_demand(runner)
+                elif not pool.submit_prefetch(runner):
+                    stream.runner = None
+                    stream.queue.remove(item)
+                    return False
+            elif fill.demand:
+                pool.promote(runner)  # queued as a prefetch: a reader now waits on it (False: it runs)
+        return True
+
+    def _promote(self, entry: FileEntry, fill: BlockFill) -> None:
+        """A reader waits for the queued prefetch *fill*: its jobs go to the demand queue; a fill on
+        the file's stream keeps its place there, its runner is promoted instead."""
+        if isinstance(fill, Preads) and fill.single:
+            stream = entry.stream
+            runner = stream.runner if stream is not None else None  # (a hint: promote says no when it runs)
+            if runner is not None:
+                self.pool.promote(runner)
+            return
+        for job in fill.jobs:
+            self.pool.promote(job)
+
+    def probe_shape(self, entry: FileEntry) -> None:
+        """Start the jump probe on *entry*'s file when the shaper wants one and the file is large enough
+        (the format probe calls this at a version's first open, a fill of the source before it)."""
+        probe, shaper = self.jump_probe, self.shaper
+        if probe is None or not shaper.claim_probe(entry.size):
+            return
+        path, size = entry.path, entry.size
+
+        def run() -> None:
+            try:
+                continue_s, jump_s = probe(path, size)
+            except OSError as e:
+                chosen = shaper.probe_failed(f"{e.strerror or e} ({path})")
+                log.debug("source shape: jump probe of %s failed (%s): %s, %s", path, e, chosen.kind, chosen.reason)
+                return
+            chosen = shaper.probed(continue_s, jump_s)
+            log.debug("source shape after the jump probe of %s: %s (%s)", path, chosen.kind, chosen.reason)
+
+        if not self.pool.submit_prefetch(run):
+            shaper.unclaim_probe()  # the queue is full: the next large file's fill tries again
+
+    def _from_plan_block(self, entry: FileEntry, pos: int, view: memoryview) -> int | None:
+        """The sequential shape, a read outside blocks of a file whose format probe started: inside
+        block 0 it comes from block 0 (:meth:`from_stream_block`); elsewhere it first waits for the
+        probe's plan (:data:`PLAN_WAIT` at most) and comes from the plan's block when there is one.
+        None: no block holds it (the caller reads the source)."""
+        index = pos // self.block_size
+        if index == 0 and pos + len(view) <= self.block_size:
+            return self.from_stream_block(entry, pos, view)
+        planned = entry.format.planned
+        if planned is not None and entry.format.planning:
+            timeout = self.read_timeout
+            planned.wait(min(PLAN_WAIT, timeout) if timeout else PLAN_WAIT)
+        if self.cache.peek(entry.key, index) is None or (pos + len(view) - 1) // self.block_size != index:
+            return None
+        return self.from_stream_block(entry, pos, view, index)
+
+    def from_stream_block(self, entry: FileEntry, pos: int, view: memoryview, index: int = 0) -> int | None:
+        """Fill *view* (inside block *index*, 0 unless told) from that block, filled on the file's
+        stream if it is not in RAM yet (the sequential shape: the format probe's head, and a reader's
+        first reads while the probe runs): the stream's first read is the one the reader needs first,
+        and the file's own descriptor is not read at its start (on a stream-oriented client every
+        handle read there is a download of its own). Returns the bytes copied; None when the block
+        cannot be had (budget, a failed fill). Raises as :meth:`wait_fill` does."""
+        block = self.cache.get(entry.key, index)
+        if block is None:
+            block = self.fetch_block(entry, index, demand=False, keep_pin=True)
+            if block is None:
+                return None
+        try:
+            if block.state != READY:
+                self.wait_fill(entry, block, self.read_timeout or None)
+            if block.state != READY:
+                return None
+            n = max(0, min(len(view), block.start + block.length - pos))
+            view[:n] = block.view[pos - block.start : pos - block.start + n]
+            return n
+        finally:
+            self.cache.unpin(block)
 
     def _complete_fill(self, block: Block, length: int, fill: Preads) -> None:
         """The last piece of a block's fill finished: the block is complete, or failed if a piece failed."""
@@ -248,8 +395,7 @@ class Fills:
             self._failed_fast(entry)
         fill = block.job
         if fill is not None and not fill.demand:
-            for job in fill.jobs:
-                self.pool.promote(job)
+            self._promote(entry, fill)
         # an earlier reader already gave up on this fill or on another read of the file (this is
         # the read let through to try the source): wait only briefly for the source to come back
         retry = block.errno == errno.ETIMEDOUT or bool(entry.stuck_reads.count)
@@ -329,15 +475,21 @@ class Fills:
     # -- exact reads ------------------------------------------------------------------------------
     def read_exact(self, entry: FileEntry, pos: int, view: memoryview) -> int:
         """Bytes a read takes outside blocks: from the disk tier when it holds them (checked there), else
-        from the source (:meth:`read_direct`). A small file read whole from the source this way is
-        also given to the tier, as a copy (the reader's buffer goes back to the kernel)."""
+        from the source (:meth:`read_direct`; in the sequential shape, of a file whose format probe
+        started: from the plan's block, see :meth:`_from_plan_block`). A small file read whole from
+        the source this way is also given to the tier, as a copy (the reader's buffer goes back to
+        the kernel)."""
         disk = self.disk
-        if disk is None or not entry.dkey:
-            return self.read_direct(entry, pos, view)
-        if disk.holds(entry.dkey, pos, len(view)):
+        if disk is not None and entry.dkey and disk.holds(entry.dkey, pos, len(view)):
             n = disk.read(entry.dkey, pos, view)
             if n is not None:
                 return n
+        if self.shaper.sequential and entry.format.probed:
+            n = self._from_plan_block(entry, pos, view)
+            if n is not None:
+                return n
+        if disk is None or not entry.dkey:
+            return self.read_direct(entry, pos, view)
         n = self.read_direct(entry, pos, view)
         if pos == 0 and n == entry.size and 0 < n <= DISK_COPY_MAX:
             disk.store_copy(entry.dkey, entry.size, view[:n])
@@ -350,7 +502,9 @@ class Fills:
         to the block-read streams (``O_DIRECT`` where the source has it) through a page-aligned
         bounce buffer, split into up to ``source_streams`` pieces read in parallel: a buffered read
         of a latency-bound source is cut by the source's own small read-ahead into round trips one
-        after the other, and one stream's bandwidth would bound it.
+        after the other, and one stream's bandwidth would bound it. In the sequential shape it is
+        one read of the file's own descriptor instead (the streams would restart), still on the pool
+        under the read timeout.
         """
         timeout = self.read_timeout
         if timeout and self.fail_fast(entry):
@@ -358,8 +512,11 @@ class Fills:
         source = entry.source
         src = source.get()
         length = len(view)
-        aligned = length >= EXACT_ALIGNED_MIN and pos % DIRECT_ALIGN == 0
-        if not aligned and (not timeout or self.inline_reads):
+        large = length >= EXACT_ALIGNED_MIN and pos % DIRECT_ALIGN == 0
+        # the sequential shape: a large read too goes to the file's own descriptor, whole, as a direct
+        # reader's would (the stream is the fills'), still on the pool under the read timeout
+        aligned = large and not self.shaper.sequential
+        if not large and (not timeout or self.inline_reads):
             # on the reader's own thread: a hand-off to the pool costs more than the read on a fast
             # source; a hung one is bounded by the kernel layer's watchdog (abandoned_read)
             with entry.lock:
@@ -408,7 +565,9 @@ class Preads:
     frames would keep views of ``view`` alive). ``results``, ``left`` and ``abandoned`` (a reader gave up
     waiting: the read counts in ``entry.stuck_reads`` until its last piece returns, and pieces not started yet
     are skipped) are guarded by ``guard``; the rest is set once. ``demand`` is the priority the jobs
-    were queued with (a reader waiting for a queued prefetch promotes its jobs).
+    were queued with (a reader waiting for a queued prefetch promotes its jobs). ``single``: a block
+    fill of the sequential shape, one piece read on the file's one stream by its
+    :class:`StreamRunner` (its job is not a pool job of its own).
     """
 
     __slots__ = (
@@ -421,6 +580,7 @@ class Preads:
         "spans",
         "aligned",
         "demand",
+        "single",
         "done",
         "jobs",
         "results",
@@ -440,9 +600,10 @@ class Preads:
         aligned: bool,
         demand: bool,
         done: Callable[[Preads], None],
+        single: bool = False,
     ) -> None:
         self.fills, self.entry, self.path, self.src, self.pos, self.view = fills, entry, entry.path, src, pos, view
-        self.spans, self.aligned, self.demand, self.done = pieces, aligned, demand, done
+        self.spans, self.aligned, self.demand, self.done, self.single = pieces, aligned, demand, done, single
         self.jobs = [Pread(self, i) for i in range(len(pieces))]
         self.results: list[int | OSError] = [0] * len(pieces)
         self.left = len(pieces)
@@ -494,7 +655,7 @@ class Pread:
         else:
             try:
                 outcome = batch.fills.timed_pread(
-                    batch.src, batch.pos + a, batch.view[a:b], batch.path, aligned=batch.aligned
+                    batch.src, batch.pos + a, batch.view[a:b], batch.path, batch.aligned, batch.single
                 )
             except OSError as e:
                 outcome = OSError(e.errno or errno.EIO, e.strerror, batch.path)
@@ -515,3 +676,73 @@ class Pread:
                 if unstuck:
                     batch.fills.on_unstuck(entry)
             batch.done(batch)
+
+
+class StreamRunner:
+    """The pool job reading one file's :class:`~fastfs.fsio.entry.SourceStream` (the sequential
+    shape): it takes the next fill (the first queued at or after where the stream stands, else the
+    lowest), reads it, and goes on while fills are queued; it leaves when the queue is empty (under
+    the entry's lock, so a fill queued after that starts a new runner). While the file's format probe
+    is making its plan from block 0, it waits for the plan (at most :data:`PLAN_WAIT`) before taking
+    the next fill. ``group`` is the file's pool group, as for every job of the file."""
+
+    __slots__ = ("fills", "entry", "group")
+
+    def __init__(self, fills: Fills, entry: FileEntry) -> None:
+        self.fills, self.entry, self.group = fills, entry, entry.group
+
+    def __call__(self) -> None:
+        fills, entry = self.fills, self.entry
+        stream = entry.stream
+        assert stream is not None  # made before the first runner
+        while True:
+            fmt = entry.format
+            planned = fmt.planned
+            if planned is not None and fmt.planning and _ready(fills.cache.peek(entry.key, 0)):
+                # the format probe has its head and is queuing its plan: take the next fill once it is
+                # in, so the stream goes on in file order (a reader's block further on, queued while the
+                # probe parses, would be a jump ahead and one back)
+                timeout = fills.read_timeout
+                planned.wait(min(PLAN_WAIT, timeout) if timeout else PLAN_WAIT)
+            with entry.lock:
+                if fills.closed:
+                    dropped = [fill for _, _, fill in stream.queue]
+                    stream.queue.clear()
+                    stream.runner = None
+                    fill, jumped = None, False
+                else:
+                    dropped = []
+                    fill, jumped = _take(stream)
+                    if fill is None:
+                        stream.runner = None
+            for gone in dropped:  # the mount closes: their blocks fail (nobody reads them any more)
+                with gone.guard:
+                    gone.results[0] = OSError(errno.ECANCELED, "the mount is closing", gone.path)
+                    gone.left = 0
+                gone.done(gone)
+            if fill is None:
+                return
+            fills.stats.add(m.STREAM_FILLS)
+            if jumped:
+                fills.stats.add(m.STREAM_JUMPS)
+            fill.jobs[0]()
+
+
+def _ready(block: Block | None) -> bool:
+    return block is not None and block.state == READY
+
+
+def _take(stream: SourceStream) -> tuple[Preads | None, bool]:
+    """Take the stream's next fill (the entry's lock held): the first queued at or after ``pos``, else
+    the lowest; the stream then stands at its end. Returns it (None: nothing queued) and whether it
+    does not continue where the stream stood (a jump: the source restarts its download)."""
+    queue = stream.queue
+    if not queue:
+        return None, False
+    pos = stream.pos
+    i = 0 if pos is None else bisect.bisect_left(queue, (pos,))
+    if i == len(queue):
+        i = 0
+    start, _, fill = queue.pop(i)
+    stream.pos = start + fill.spans[0][1]
+    return fill, pos is not None and start != pos

@@ -403,6 +403,12 @@ class RangePlan:
         assert all(0 <= i < len(self.ranges) for i in self._complete), "range plan: completed range out of bounds"
 
 
+def file_order(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """File ranges ``(start, stop)`` (a plan's release, in the loader's order) sorted by offset, the
+    overlapping and touching ones joined: the order one stream reads them in (the sequential shape)."""
+    return _merge_intervals(ranges)
+
+
 def _merge_intervals(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Sorted [start, stop) intervals with overlapping and touching ones joined."""
     out: list[tuple[int, int]] = []

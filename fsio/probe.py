@@ -18,6 +18,21 @@ of the file key (window number as index), so they never collide with the file's 
 tier never stores them. :meth:`FormatProbe.head_block` finds the window holding a read, which the
 read path then serves from it.
 
+The sequential shape (:mod:`fastfs.fsio.shape`: one source stream per file, read in order). A plan
+whose blocks fit :data:`PLAN_BUDGET_SHARE` of the cache budget is released whole at open and fetched
+in file order (:func:`~fastfs.fsio.policy.file_order`): the stream reads the file once, front to
+back, and a loader that reads the tensors in another order (transformers' lazy loads, model order
+against a file sorted by name) finds them in RAM instead of restarting the source's download at
+every tensor. A larger plan is released as the loader proves it reads on, as in the parallel shape
+(its fills still queue in offset order on the stream). No head windows: each would be a read at a
+distant offset on the stream (a restart); a plan fetched whole holds the heads in its blocks, and
+otherwise the loader's own reads of them go to the file's descriptor, as a direct reader's would.
+The probe's own reads inside the first block come from block 0, filled first on the stream, and a
+reader's read outside blocks while the probe runs waits for its plan (``format.planned``, at most
+:data:`~fastfs.fsio.fills.PLAN_WAIT` seconds) and is then served from the plan's block: a loader
+that parses the header as fast as the probe does and reaches for a tensor before the plan is queued
+would otherwise read the file's own descriptor there, one more download on such a client.
+
 State: what the probe learns about a version is the entry's :class:`~fastfs.fsio.entry.FormatState`
 (``entry.format``), which this module alone writes; the probe reads through the entry's own
 :class:`~fastfs.fsio.source.SourceRef`.
@@ -31,6 +46,7 @@ probe holds no lock across its reads. ``readahead`` and ``learn`` are single att
 from __future__ import annotations
 
 import bisect
+import threading
 
 from fastfs.config.schema import ReadaheadConfig
 from fastfs.fsio import formats
@@ -39,8 +55,9 @@ from fastfs.fsio.cache import READY, Block, BlockCache, round_up
 from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.entry import FileEntry, HeadWindow
 from fastfs.fsio.fills import Fills
-from fastfs.fsio.policy import RangePlan
+from fastfs.fsio.policy import RangePlan, file_order
 from fastfs.fsio.pool import PreadPool
+from fastfs.fsio.shape import PROBE_DUE
 from fastfs.fsio.source import DIRECT_ALIGN, HeadKey
 from fastfs.fsio.trace import DecisionLog
 
@@ -62,6 +79,10 @@ MAX_HEAD_BYTES = 16 * 1024 * 1024
 WHOLE_SHARE = 0.9
 # How far ahead of the furthest read a format plan keeps its ranges in flight at most.
 FORMAT_LEAD = 256 * 1024 * 1024
+# Share of the cache budget a format plan's blocks may take to be fetched whole, in file order, at
+# open in the sequential shape (the loader's out-of-order reads must find them all still in RAM;
+# the rest of the budget stays for other files).
+PLAN_BUDGET_SHARE = 0.5
 # Sorts after every window of the same start (bisect key for "the last window starting <= offset").
 _AFTER_ANY = float("inf")
 
@@ -98,7 +119,10 @@ class FormatProbe:
 
     # -- probe ------------------------------------------------------------------------------------
     def maybe_probe(self, entry: FileEntry) -> None:
-        """Queue the format probe of *entry* unless it had one (or is too small, or formats are off)."""
+        """Queue the format probe of *entry* unless it had one (or is too small, or formats are off);
+        the source's jump probe too, when its shape still waits for one."""
+        if self.fills.shaper.probe_state == PROBE_DUE:
+            self.fills.probe_shape(entry)
         state = entry.format
         if not self.readahead.formats or state.probed or entry.size < FORMAT_MIN_SIZE:
             return
@@ -106,8 +130,10 @@ class FormatProbe:
             probe = not state.probed
             state.probed = True
             state.planning = probe
+            if probe and self.fills.shaper.sequential:  # readers outside blocks wait for the plan
+                state.planned = threading.Event()
         if probe and not self.pool.submit_prefetch(lambda: self._probe_format(entry)):
-            state.planning = False
+            self._planned(entry)
             self.stats.add(m.BACKPRESSURE)
 
     def _probe_format(self, entry: FileEntry) -> None:
@@ -115,7 +141,15 @@ class FormatProbe:
         try:
             self._plan_format(entry)
         finally:
-            entry.format.planning = False
+            self._planned(entry)
+
+    @staticmethod
+    def _planned(entry: FileEntry) -> None:
+        """The format probe of *entry* ended (a plan queued, or none): readers waiting for it go on."""
+        state = entry.format
+        state.planning = False
+        if state.planned is not None:
+            state.planned.set()
 
     def _read_at(self, entry: FileEntry, offset: int, length: int) -> bytes:
         """[offset, offset+length) of *entry* for the format parser: from a ready cache block, the disk
@@ -123,6 +157,11 @@ class FormatProbe:
         cached = self._cached_range(entry, offset, length)
         if cached is not None:  # warmed or scanned already: no source read for the probe
             return cached
+        if self.fills.shaper.sequential and offset + length <= self.block_size:
+            buf = bytearray(max(0, min(length, entry.size - offset)))
+            n = self.fills.from_stream_block(entry, offset, memoryview(buf))
+            if n is not None:
+                return bytes(buf[:n])
         if self.disk is not None and self.disk.holds(entry.dkey, offset, length):
             buf = bytearray(max(0, min(length, entry.size - offset)))
             n = self.disk.read(entry.dkey, offset, memoryview(buf))
@@ -154,18 +193,26 @@ class FormatProbe:
             self.trace("%s: no known format in its first bytes: prefetch follows sequential reads only", entry.path)
             return
         self.stats.add(m.FORMAT_PLANS)
-        self._fetch_heads(entry, plan)
+        sequential = self.fills.shaper.sequential
+        if not sequential:
+            self._fetch_heads(entry, plan)
         max_lead = max(FORMAT_LEAD, 2 * self.readahead.max_window)
         learn = self.learn
         share = learn.file_share(entry.path, entry.size, entry.key.mtime_ns) if learn is not None else None
         whole = share is not None and share >= WHOLE_SHARE
-        if whole:  # the last load of this version read it all: no need to wait for proof
+        in_file_order = sequential and self._fits_budget(plan)
+        if in_file_order:  # one stream: read it front to back once, the loader's order then comes from RAM
+            lead = plan.total
+            how = "fetched whole at open, in file order (one source stream per file)"
+        elif whole:  # the last load of this version read it all: no need to wait for proof
             self.stats.add(m.LEARNED_WHOLE)
             lead = max_lead
+            how = "released whole, as the last load read it all"
         else:  # the release at open ends on a block boundary (a few bytes past it would fetch a whole block)
             first = plan.ranges[0][0]
             lead = (first + FORMAT_INITIAL_LEAD) // self.block_size * self.block_size - first
             lead = lead if lead > 0 else FORMAT_INITIAL_LEAD
+            how = "released as the loader proves it reads on"
         self.trace(
             "%s: %s format plan of %d ranges (%d bytes, %d record headers): %s",
             entry.path,
@@ -173,14 +220,27 @@ class FormatProbe:
             len(plan.ranges),
             plan.total,
             len(plan.heads),
-            "released whole, as the last load read it all" if whole else "released as the loader proves it reads on",
+            how,
         )
         with entry.lock:
             range_plan = entry.format.plan = RangePlan(tuple(plan.ranges), lead, max_lead, whole=whole)
             ranges = range_plan.advance()
             if self.cache.checking:  # debug switch (cache.check_invariants)
                 range_plan.check_invariants()
+        if in_file_order:
+            ranges = file_order(ranges)
         self.fills.prefetch(entry, ranges)
+
+    def _fits_budget(self, plan: formats.Plan) -> bool:
+        """The blocks covering *plan* take at most :data:`PLAN_BUDGET_SHARE` of the cache budget."""
+        bs = self.block_size
+        blocks = 0
+        last = -1  # the highest block counted (ranges in file order: each block counted once)
+        for start, stop in file_order([(a, a + n) for a, n in plan.ranges if n > 0]):
+            first = max(start // bs, last + 1)
+            last = (stop - 1) // bs
+            blocks += max(0, last - first + 1)
+        return blocks * bs <= PLAN_BUDGET_SHARE * self.cache.budget
 
     def _cached_range(self, entry: FileEntry, offset: int, length: int) -> bytes | None:
         """[offset, offset+length) clipped at EOF from one ready cache block, or None."""

@@ -20,11 +20,31 @@ client: ``fuse.rclone``); whether the source is local; optionally a measured pro
 (the cost of a read that continues the last one against one that jumps). :func:`choose` is pure:
 the override (``readahead.source_shape``) wins, then a known client, then the probe; everything
 else keeps the parallel shape. The reason is kept for ``fastfs stats`` and the debug log.
+
+The jump probe (:func:`needs_probe`, :func:`probe_reads`) is for FUSE sources whose client the
+table does not know: on one fresh handle of the first large file opened (:data:`PROBE_MIN_SIZE`),
+a read at the start, one continuing it, a jump far ahead and one continuing that, each
+:data:`PROBE_READ` bytes; when that jump looked like a restart (:func:`jumps_restart`), a second
+jump (back to the middle) and its continuation confirm it. The cheapest continuing read and the
+cheapest jump are the facts (the least noisy of each: a busy machine only makes reads slower, and a
+real restart is never cheap). The I/O is :func:`fastfs.fsio.source.jump_probe`'s, run off the
+reader's path. On a stream-oriented client a jump costs a restarted download (the emulator of the
+benchmarks charges 8 MiB for it), so the probe costs one or two of them, once per mount.
+
+:class:`Shaper` holds a mount's choice at run time: the facts, the override, the shape in force
+and the probe's state, for the stats snapshot. While a probe is due or running the shape is
+:data:`SEQUENTIAL`: it never makes the source move more than the reader asks for, where the parallel
+shape would multiply it on a stream-oriented client; on a source the probe then finds parallel, the
+files read meanwhile only had one handle instead of several. Concurrency: ``shape`` is replaced
+whole (one attribute store) and read without a lock on the fill path; the rest is written under
+``_lock``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
 
 PARALLEL = "parallel"
 SEQUENTIAL = "sequential"
@@ -40,6 +60,19 @@ JUMP_RATIO = 4.0
 # ... and at least this much more in absolute terms (seconds): below it the difference is noise on
 # a fast source, whatever the ratio.
 JUMP_EXTRA = 0.002
+# Files at least this large are probed: the jumps land tens of MiB away from the stream, beyond what
+# any client reads ahead or skips forward through (rclone's buffer is 16 MiB).
+PROBE_MIN_SIZE = 32 * 1024 * 1024
+# Bytes of each probe read: small, so a continuing read costs little next to a restart's round trip,
+# and page-aligned for O_DIRECT.
+PROBE_READ = 128 * 1024
+# Probes of a mount that may fail (a file that vanished, an I/O error) before the shape is settled
+# without one.
+PROBE_ATTEMPTS = 3
+# Probe read kinds (see probe_reads).
+START, CONTINUE, JUMP = "start", "continue", "jump"
+# Probe states (Shaper.probe_state).
+PROBE_NONE, PROBE_DUE, PROBE_RUNNING, PROBE_DONE, PROBE_FAILED = "none", "due", "running", "done", "failed"
 
 
 @dataclass(frozen=True)
@@ -70,6 +103,47 @@ def client_of(mount_type: str) -> str:
     return sub if kind in ("fuse", "fuseblk") and sub else ""
 
 
+def is_fuse(mount_type: str) -> bool:
+    """True for a FUSE mount type (``fuse``, ``fuse.rclone``, ``fuseblk.ntfs``)."""
+    return mount_type.partition(".")[0] in ("fuse", "fuseblk")
+
+
+def needs_probe(facts: SourceFacts, override: str = AUTO) -> bool:
+    """True when only the jump probe can tell the shape: a FUSE source whose client the table does not
+    know, not probed yet, no override."""
+    return (
+        override == AUTO
+        and not facts.local
+        and is_fuse(facts.mount_type)
+        and client_of(facts.mount_type) not in STREAM_CLIENTS
+        and (facts.continue_seconds is None or facts.jump_seconds is None)
+    )
+
+
+def probe_reads(size: int, read: int = PROBE_READ) -> list[tuple[str, int]]:
+    """The probe's reads of a file of *size* bytes, in order: (kind, offset), offsets multiples of
+    *read* (see the module docstring; the last two only confirm a first jump that looked like a
+    restart); empty when the file is too small to jump far enough."""
+    if size < max(PROBE_MIN_SIZE, 8 * read):
+        return []
+    far = (size - 3 * read) // read * read  # near the end, a whole read and its continuation inside
+    middle = size // 2 // read * read
+    return [
+        (START, 0),
+        (CONTINUE, read),
+        (JUMP, far),
+        (CONTINUE, far + read),
+        (JUMP, middle),
+        (CONTINUE, middle + read),
+    ]
+
+
+def jumps_restart(continue_seconds: float, jump_seconds: float) -> bool:
+    """True when a jump costs what a restarted download does: :data:`JUMP_RATIO` times a continuing
+    read and :data:`JUMP_EXTRA` more."""
+    return jump_seconds >= JUMP_RATIO * continue_seconds and jump_seconds - continue_seconds >= JUMP_EXTRA
+
+
 def choose(facts: SourceFacts, override: str = AUTO) -> Shape:
     """The shape to read the source with (see the module docstring)."""
     if override == PARALLEL:
@@ -82,8 +156,7 @@ def choose(facts: SourceFacts, override: str = AUTO) -> Shape:
     if client in STREAM_CLIENTS:
         return Shape(SEQUENTIAL, f"{client} serves a handle as one ranged download")
     if facts.continue_seconds is not None and facts.jump_seconds is not None:
-        extra = facts.jump_seconds - facts.continue_seconds
-        if facts.jump_seconds >= JUMP_RATIO * facts.continue_seconds and extra >= JUMP_EXTRA:
+        if jumps_restart(facts.continue_seconds, facts.jump_seconds):
             return Shape(
                 SEQUENTIAL,
                 f"a jump on one handle cost {facts.jump_seconds * 1e3:.1f} ms, a continuing read "
@@ -91,3 +164,85 @@ def choose(facts: SourceFacts, override: str = AUTO) -> Shape:
             )
         return Shape(PARALLEL, "a jump on one handle costs about what a continuing read does")
     return Shape(PARALLEL, f"{facts.mount_type or 'unknown'} reads any offset on any handle")
+
+
+class Shaper:
+    """A mount's shape at run time: the facts, the override, the shape in force and the probe's state
+    (see the module docstring)."""
+
+    def __init__(self, facts: SourceFacts, override: str = AUTO) -> None:
+        self.facts = facts
+        self.override = override
+        self._lock = threading.Lock()
+        self.attempts = 0  # probes that failed (guarded by _lock)
+        self.error = ""  # the last probe failure, for the report (guarded by _lock)
+        if needs_probe(facts, override):
+            self.probe_state = PROBE_DUE  # guarded by _lock
+            pending = f"{facts.mount_type or 'unknown'}: one handle in order until the jump probe of a large file tells"
+            self.shape = Shape(SEQUENTIAL, pending)
+        else:
+            self.probe_state = PROBE_NONE
+            self.shape = choose(facts, override)
+
+    @property
+    def sequential(self) -> bool:
+        """The shape in force is SEQUENTIAL (one attribute load; read on every block fill)."""
+        return self.shape.kind == SEQUENTIAL
+
+    def claim_probe(self, size: int) -> bool:
+        """True once, for the caller that is to probe a file of *size* bytes (then :meth:`probed` or
+        :meth:`probe_failed`); False when no probe is due or the file is too small."""
+        if self.probe_state != PROBE_DUE or not probe_reads(size):  # racy first test: no lock per fill
+            return False
+        with self._lock:
+            if self.probe_state != PROBE_DUE:
+                return False
+            self.probe_state = PROBE_RUNNING
+        return True
+
+    def unclaim_probe(self) -> None:
+        """The claimed probe could not be started (the pool's queue was full): it is due again."""
+        with self._lock:
+            if self.probe_state == PROBE_RUNNING:
+                self.probe_state = PROBE_DUE
+
+    def probed(self, continue_seconds: float, jump_seconds: float) -> Shape:
+        """The probe measured: the shape is chosen from the facts with its timings; returns it."""
+        with self._lock:
+            self.facts = replace(self.facts, continue_seconds=continue_seconds, jump_seconds=jump_seconds)
+            self.shape = choose(self.facts, self.override)
+            self.probe_state = PROBE_DONE
+            return self.shape
+
+    def probe_failed(self, error: str) -> Shape:
+        """A probe could not measure (*error*, one line): the next large file tries again, up to
+        :data:`PROBE_ATTEMPTS` in all; then the shape is chosen without a probe. Returns the shape."""
+        with self._lock:
+            self.attempts += 1
+            self.error = error
+            if self.attempts < PROBE_ATTEMPTS:
+                self.probe_state = PROBE_DUE
+            else:
+                self.probe_state = PROBE_FAILED
+                chosen = choose(self.facts, self.override)
+                self.shape = Shape(chosen.kind, f"{chosen.reason} (the jump probe failed: {error})")
+            return self.shape
+
+    def report(self) -> dict[str, Any]:
+        """The ``source`` section of the stats snapshot: mount type, shape, reason, probe state and timings."""
+        with self._lock:
+            facts, shape, state, error = self.facts, self.shape, self.probe_state, self.error
+        out: dict[str, Any] = {
+            "mount_type": facts.mount_type,
+            "local": facts.local,
+            "shape": shape.kind,
+            "reason": shape.reason,
+            "setting": self.override,
+            "probe": state,
+        }
+        if facts.continue_seconds is not None and facts.jump_seconds is not None:
+            out["probe_continue_ms"] = round(facts.continue_seconds * 1e3, 3)
+            out["probe_jump_ms"] = round(facts.jump_seconds * 1e3, 3)
+        if error:
+            out["probe_error"] = error
+        return out

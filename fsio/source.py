@@ -15,6 +15,13 @@ Descriptors. Each open file version holds one descriptor; the extra block-read s
 files are drawn from a per-mount budget (:func:`stream_fd_budget` of the descriptor limit), so
 streams never take the descriptors open files need: when the budget is used up, block reads go
 to the file's first descriptor instead (slower on some sources, never an EMFILE for a reader).
+Block reads rotate over the streams (the parallel shape), or go to the first one alone
+(``single``: the sequential shape, see :mod:`fastfs.fsio.shape`).
+
+What the source is, for the choice of its access shape: its mount's type from the mount table
+(:func:`mount_type_of`, the fstype of the longest mount point holding the source root: ``ext4``,
+``nfs4``, ``fuse.rclone``) and, for FUSE clients nobody knows, :func:`jump_probe`: the cost of a
+read continuing the last one on one handle against one that jumps.
 """
 
 from __future__ import annotations
@@ -22,12 +29,16 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import mmap
 import os
 import resource
 import stat
 import struct
 import threading
+import time
 from typing import NamedTuple
+
+from fastfs.fsio import shape
 
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine)
 RESOLVE_NO_SYMLINKS = 0x04
@@ -94,6 +105,7 @@ class Source:
         self.streams = streams
         self.fs_type = fs_type(self.root_fd)
         self.local = self.fs_type in LOCAL_FS_TYPES
+        self.mount_type = read_mount_type(self.root)  # "ext4", "nfs4", "fuse.rclone" ("" when unknown)
         self.stream_budget = stream_fd_budget(fd_limit()) if stream_budget is None else stream_budget
         self.stream_fds = 0
         self._budget_lock = threading.Lock()
@@ -299,6 +311,107 @@ def fs_type(fd: int) -> int:
     return struct.unpack_from("q", buf.raw)[0] & 0xFFFFFFFF
 
 
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _unescape(field: str) -> str:
+    """The mount table escapes space, tab, newline and backslash as octal ``\\NNN``."""
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        code = field[i + 1 : i + 4]
+        if field[i] == "\\" and len(code) == 3 and all(c in "01234567" for c in code):
+            out.append(chr(int(code, 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_type_of(path: str, mountinfo: str) -> str:
+    """The fstype (``ext4``, ``fuse.rclone``) of the mount holding the absolute, resolved *path*, from
+    the text of a mountinfo table: the longest mount point that is *path* or one of its parents (of
+    several on the same point, the last: it covers the earlier ones). "" when no line matches."""
+    best, best_len = "", -1
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or not tail:
+            continue
+        point = _unescape(fields[4])
+        inside = point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best_len:
+            best, best_len = _unescape(tail[0]), len(point)
+    return best
+
+
+def read_mount_type(path: str, mountinfo: str | None = None) -> str:
+    """The fstype of the mount holding *path* from this process's mount table (*mountinfo*: another
+    table's file; "" when unreadable)."""
+    try:
+        with open(mountinfo or MOUNTINFO, encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return mount_type_of(os.path.realpath(path), text)
+
+
+def _probe_open(source: Source, parts: list[str], direct: bool) -> int:
+    """A fresh handle for the jump probe: O_DIRECT (the source's page cache and read-ahead would
+    answer the continuing reads), else buffered with read-ahead off for it (``POSIX_FADV_RANDOM``)."""
+    if direct and hasattr(os, "O_DIRECT"):
+        try:
+            return source.open_rel(parts, os.O_RDONLY | os.O_DIRECT)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+    fd = source.open_rel(parts, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    return fd
+
+
+def jump_probe(source: Source, path: str, size: int, read: int = shape.PROBE_READ) -> tuple[float, float]:
+    """Seconds of the cheapest read continuing the handle's last one and of the cheapest jump, on one
+    fresh handle of *path* (*size* bytes), with the reads of :func:`fastfs.fsio.shape.probe_reads`
+    (the confirming second jump only when the first looked like a restart). Raises OSError when the
+    file cannot be probed (too small, vanished, a read failed or came short)."""
+    reads = shape.probe_reads(size, read)
+    if not reads:
+        raise OSError(errno.EINVAL, "file too small for the jump probe", path)
+    parts = split(path)
+    buf = mmap.mmap(-1, read)  # page-aligned, for O_DIRECT
+    view = memoryview(buf)
+    direct = True
+    try:
+        while True:
+            fd = _probe_open(source, parts, direct)
+            try:
+                took: dict[str, list[float]] = {shape.CONTINUE: [], shape.JUMP: []}
+                for kind, offset in reads:
+                    jumps, continues = took[shape.JUMP], took[shape.CONTINUE]
+                    if kind == shape.JUMP and jumps and not shape.jumps_restart(min(continues), min(jumps)):
+                        break  # the first jump cost what a continuing read does: no restart to confirm
+                    t0 = time.perf_counter()
+                    n = os.preadv(fd, [view], offset)
+                    seconds = time.perf_counter() - t0
+                    if n != read:
+                        raise OSError(errno.EIO, f"probe read at {offset} returned {n} of {read} bytes", path)
+                    if kind in took:
+                        took[kind].append(seconds)
+                return min(took[shape.CONTINUE]), min(took[shape.JUMP])
+            except OSError as e:
+                if not direct or e.errno != errno.EINVAL:
+                    raise
+                direct = False  # the handle opened O_DIRECT but its reads refuse it: buffered then
+            finally:
+                os.close(fd)
+    finally:
+        view.release()
+        buf.close()
+
+
 class FileKey(NamedTuple):
     """Identity of one version of a source file (the RAM cache's file key): a changed source file has
     another size, mtime or ctime, so it never matches a cached key. Equal to the plain 5-tuple."""
@@ -328,6 +441,11 @@ _SYS_CACHESTAT = {"x86_64": 451, "aarch64": 451}.get(os.uname().machine)
 CACHED_SHARE = 0.5
 # Files smaller than this are never read with O_DIRECT (a second open costs more than it saves).
 DIRECT_MIN_SIZE = 1024 * 1024
+# Largest single read on the one stream of the sequential shape: a block is read as consecutive reads
+# of at most this (the largest FUSE request, 256 pages), because a larger O_DIRECT read reaches a
+# FUSE source as several requests sent at once, which its threads take in any order: out of order
+# for a client that serves the handle as one ranged download.
+STREAM_READ_MAX = 1024 * 1024
 _direct_lock = threading.Lock()
 
 
@@ -376,8 +494,11 @@ class SourceFile:
         self._max = max_streams if eligible else 0
         self._rr = 0
 
-    def _stream_fd(self) -> tuple[int, bool]:
-        """A block-read descriptor and whether it is O_DIRECT (opens another stream while below the cap)."""
+    def _stream_fd(self, single: bool = False) -> tuple[int, bool]:
+        """A block-read descriptor and whether it is O_DIRECT (opens another stream while below the cap).
+
+        *single* (the sequential shape): always the first stream, and only an O_DIRECT one; the
+        file's own descriptor when the source does not take O_DIRECT or holds the file in its cache."""
         if self._max == 0:
             return self.fd, False
         if self._direct is None:
@@ -385,6 +506,12 @@ class SourceFile:
             with _direct_lock:
                 if self._direct is None:
                     self._direct = share is None or share < CACHED_SHARE
+        if single:
+            if not self._direct:
+                return self.fd, False
+            streams = self._streams
+            if streams:
+                return streams[0], True
         source = self._source
         # the racy first test keeps the budget lock off the read path once the budget is used up
         if len(self._streams) < self._max and source.stream_fds < source.stream_budget and source.take_stream():
@@ -415,29 +542,36 @@ class SourceFile:
         streams = self._streams
         if not streams:
             return self.fd, False
+        if single:
+            return (streams[0], True) if self._direct else (self.fd, False)
         self._rr += 1
         return streams[self._rr % len(streams)], bool(self._direct)
 
-    def read_into(self, offset: int, view: memoryview, aligned: bool = False) -> int:
+    def read_into(self, offset: int, view: memoryview, aligned: bool = False, single: bool = False) -> int:
         """Fill *view* from *offset* (loops over short reads, EINTR retried by Python); returns bytes read.
 
         *aligned* marks a block read (buffer address and length multiples of DIRECT_ALIGN): it goes
-        to one of the block-read streams; an O_DIRECT failure (EINVAL) finishes buffered.
+        to one of the block-read streams (*single*: the first one, see :meth:`_stream_fd`, in
+        consecutive reads of at most :data:`STREAM_READ_MAX`); an O_DIRECT failure (EINVAL)
+        finishes buffered.
         """
         total = 0
         want = len(view)
         fd, direct = self.fd, False
         if aligned and offset % DIRECT_ALIGN == 0 and want % DIRECT_ALIGN == 0:
-            fd, direct = self._stream_fd()
+            fd, direct = self._stream_fd(single)
         if direct:
+            piece = STREAM_READ_MAX if single else want
             try:
                 while total < want:
-                    n = os.preadv(fd, [view[total:]], offset + total)
+                    n = os.preadv(fd, [view[total : total + piece]], offset + total)
                     if n <= 0:
                         return total
                     total += n
                     if total % DIRECT_ALIGN:
-                        break  # short read at EOF; finish buffered
+                        if offset + total >= self.size:
+                            return total  # the end of the file as opened: nothing more to read
+                        break  # short read before it (EOF moved, or the source's own limit): finish buffered
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise

@@ -54,6 +54,8 @@ BYTES_PASSTHROUGH_OPENED = "bytes_passthrough_opened"  # sizes of the files open
 BYTES_PASSTHROUGH_WARMED = "bytes_passthrough_warmed"  # page cache filled by warms of passthrough files
 OPENS_DISK = "opens_disk"  # opens handed to the kernel as passthrough to a complete file of the disk tier
 BYTES_DISK_OPENED = "bytes_disk_opened"  # sizes of the files opened that way
+STREAM_FILLS = "stream_fills"  # block fills read on a file's one source stream (the sequential shape)
+STREAM_JUMPS = "stream_jumps"  # of those, fills that did not continue where the stream stood (a restart)
 TIMEOUTS = "read_timeouts"
 FAST_FAILS = "reads_failed_fast"  # reads answered EIO at once: earlier reads of the file were stuck
 
@@ -88,6 +90,8 @@ COUNTERS = (
     BYTES_PASSTHROUGH_WARMED,
     OPENS_DISK,
     BYTES_DISK_OPENED,
+    STREAM_FILLS,
+    STREAM_JUMPS,
     TIMEOUTS,
     FAST_FAILS,
 )

@@ -62,6 +62,16 @@ def _route_lines(c: dict[str, Any], g: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _source_line(source: dict[str, Any] | None) -> list[str]:
+    """The source's access shape and why (the snapshot's ``source`` section; none from older daemons)."""
+    if not source:
+        return []
+    return [
+        f"  source shape       {source.get('shape', '?')} ({source.get('reason', '?')});"
+        f" mount type {source.get('mount_type') or 'unknown'}, jump probe {source.get('probe', '?')}"
+    ]
+
+
 def format_summary(snap: dict[str, Any]) -> str:
     """Multi-line human summary of one snapshot."""
     c = snap.get("counters", {})
@@ -106,6 +116,7 @@ def format_summary(snap: dict[str, Any]) -> str:
         f" {c.get('learned_whole_plans', 0)} files loaded whole as last time",
         f"  source preads      {lat.get('count', c.get('preads', 0))}, latency p50 {ms(lat.get('p50'))},"
         f" p95 {ms(lat.get('p95'))}, p99 {ms(lat.get('p99'))}",
+        *_source_line(snap.get("source")),
         "  errors             "
         + (", ".join(f"{k} {v}" for k, v in sorted(errors.items())) if errors else "none")
         + f" ({c.get('read_timeouts', 0)} read timeouts)",

@@ -124,14 +124,16 @@ def test_engine_logs_opens_and_decisions_not_reads(tmp_path: Path, engine_log: i
     finally:
         engine.close()
     lines = engine_log.getvalue().splitlines()
-    assert "open /a.npy: " in lines[0]
+    # the mount's first line: the source's access shape and why
+    assert lines[0].startswith("source ") and "read parallel (local filesystem)" in lines[0], lines[0]
+    assert "open /a.npy: " in lines[1]
     assert any(line.startswith("/a.npy: npy format plan of ") for line in lines)
     assert sum(line.startswith("open ") for line in lines) == 7
     assert sum("/blob.bin: sequential reads at offset" in line for line in lines) >= 1
     assert sum("/blob.bin: read at offset" in line and "continues no stream" in line for line in lines) == 1
     assert any(line.startswith("/small: small-file scan") for line in lines)
     reads = 48 + 64 + 200 + 5
-    assert len(lines) < 20 < reads  # decisions, not reads
+    assert len(lines) < 21 < reads  # decisions, not reads (the source line included)
 
 
 def test_nothing_is_logged_at_info(tmp_path: Path, engine_log: io.StringIO) -> None:

@@ -1,10 +1,15 @@
-"""The source shape: override, local sources, known stream-oriented clients, the jump probe."""
+"""The source shape: override, local sources, known stream-oriented clients, the jump probe; the
+mount table's type of the source's mount; the shaper's probe states; the setting."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from fastfs.fsio import shape
+from fastfs.config import Config, ConfigError, load_config, parse_overrides
+from fastfs.config.reload import apply_live, needs_remount
+from fastfs.fsio import shape, source
 from fastfs.fsio.shape import PARALLEL, SEQUENTIAL, SourceFacts
 
 
@@ -42,3 +47,139 @@ def test_choose_table(facts, override, kind):
 )
 def test_client_of(mount_type, client):
     assert shape.client_of(mount_type) == client
+
+
+# -- the mount table: which mount holds the source ----------------------------------------------------
+MOUNTINFO = """\
+22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
+30 22 0:26 / /mnt rw,nosuid shared:7 - tmpfs tmpfs rw
+41 30 0:45 / /mnt/models rw,nosuid,nodev,relatime shared:20 - fuse.rclone webdav: rw,user_id=0,group_id=0
+42 30 0:46 / /mnt/models2 rw,relatime shared:21 - nfs4 srv:/export rw
+43 22 0:47 / /data/my\\040bucket rw,relatime shared:22 - fuse.s3fs s3fs rw,user_id=0
+44 41 0:48 / /mnt/models rw,relatime shared:23 - fuse.gcsfuse bucket rw,user_id=0
+malformed line without separator
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "mount_type"),
+    [
+        ("/", "ext4"),
+        ("/home/user/data", "ext4"),
+        ("/mnt", "tmpfs"),
+        ("/mnt/x", "tmpfs"),
+        ("/mnt/models2/ckpt", "nfs4"),  # the longest mount point, not a string prefix of another
+        ("/mnt/models2", "nfs4"),
+        ("/mnt/models", "fuse.gcsfuse"),  # two mounts on one point: the later covers the earlier
+        ("/mnt/models/llama/x.safetensors", "fuse.gcsfuse"),
+        ("/mnt/modelsX", "tmpfs"),
+        ("/data/my bucket/a", "fuse.s3fs"),  # octal escapes of the mount point
+        ("/data/my", "ext4"),
+    ],
+)
+def test_mount_type_of_longest_mount_point(path, mount_type):
+    assert source.mount_type_of(path, MOUNTINFO) == mount_type
+
+
+def test_mount_type_unreadable_table_is_unknown(tmp_path):
+    assert source.read_mount_type("/", str(tmp_path / "missing")) == ""
+    table = tmp_path / "mountinfo"
+    table.write_text(MOUNTINFO)
+    assert source.read_mount_type("/mnt/models/a", str(table)) == "fuse.gcsfuse"
+
+
+@pytest.mark.parametrize(
+    ("mount_type", "line_type", "kind", "probe"),
+    [
+        ("fuse.rclone", "fuse.rclone", SEQUENTIAL, shape.PROBE_NONE),  # a known stream client: no probe
+        ("nfs4", "nfs4", PARALLEL, shape.PROBE_NONE),  # a kernel filesystem: no probe
+        ("fuse.sshfs", "fuse.sshfs", SEQUENTIAL, shape.PROBE_DUE),  # an unknown FUSE client: probed
+        ("fuse", "fuse", SEQUENTIAL, shape.PROBE_DUE),  # FUSE without a subtype: probed too
+    ],
+)
+def test_mount_table_line_to_shape(tmp_path, mount_type, line_type, kind, probe):
+    """A mount table line for the source's mount -> the facts -> the shape in force and the probe."""
+    table = f"22 1 252:1 / / rw - ext4 /dev/vda rw\n50 22 0:60 / {tmp_path} rw - {line_type} src rw\n"
+    facts = SourceFacts(source.mount_type_of(str(tmp_path / "sub"), table))
+    assert facts.mount_type == mount_type
+    shaper = shape.Shaper(facts)
+    assert (shaper.shape.kind, shaper.probe_state) == (kind, probe)
+    assert shaper.report()["shape"] == kind and shaper.report()["mount_type"] == mount_type
+
+
+# -- the jump probe's plan and the shaper's states ------------------------------------------------------
+def test_probe_reads_plan():
+    read = shape.PROBE_READ
+    assert shape.probe_reads(shape.PROBE_MIN_SIZE - 1) == []
+    size = 64 * 1024 * 1024 + 5
+    reads = shape.probe_reads(size)
+    kinds = [kind for kind, _ in reads]
+    assert kinds == [shape.START, shape.CONTINUE, shape.JUMP, shape.CONTINUE, shape.JUMP, shape.CONTINUE]
+    for (kind, offset), (_, previous) in zip(reads[1:], reads[:-1], strict=True):
+        assert offset % read == 0 and offset + read <= size
+        if kind == shape.CONTINUE:
+            assert offset == previous + read  # continues the last read on the handle
+        else:
+            assert abs(offset - (previous + read)) >= 16 * 1024 * 1024  # far from where the handle stands
+
+
+def test_shaper_probe_lifecycle():
+    shaper = shape.Shaper(SourceFacts("fuse.unknownfs"))
+    assert shaper.sequential and shaper.probe_state == shape.PROBE_DUE  # in order until the probe tells
+    assert not shaper.claim_probe(1024 * 1024)  # too small to probe
+    assert shaper.claim_probe(shape.PROBE_MIN_SIZE)
+    assert not shaper.claim_probe(shape.PROBE_MIN_SIZE)  # once
+    shaper.unclaim_probe()  # could not be started: due again
+    assert shaper.claim_probe(shape.PROBE_MIN_SIZE)
+    chosen = shaper.probed(0.0015, 0.0016)
+    assert chosen.kind == PARALLEL and not shaper.sequential
+    report = shaper.report()
+    assert report["probe"] == shape.PROBE_DONE
+    assert (report["probe_continue_ms"], report["probe_jump_ms"]) == (1.5, 1.6)
+    assert not shaper.claim_probe(shape.PROBE_MIN_SIZE)  # done
+
+    stream = shape.Shaper(SourceFacts("fuse.unknownfs"))
+    assert stream.claim_probe(shape.PROBE_MIN_SIZE)
+    assert stream.probed(0.0005, 0.030).kind == SEQUENTIAL
+    assert "30.0 ms" in stream.report()["reason"]
+
+
+def test_shaper_failed_probes_settle_without_one():
+    shaper = shape.Shaper(SourceFacts("fuse.unknownfs"))
+    for attempt in range(1, shape.PROBE_ATTEMPTS + 1):
+        assert shaper.claim_probe(shape.PROBE_MIN_SIZE)
+        chosen = shaper.probe_failed("No such file or directory (/gone.bin)")
+        if attempt < shape.PROBE_ATTEMPTS:
+            assert shaper.probe_state == shape.PROBE_DUE and chosen.kind == SEQUENTIAL
+    assert shaper.probe_state == shape.PROBE_FAILED
+    assert chosen.kind == PARALLEL and "jump probe failed" in chosen.reason
+    assert shaper.report()["probe_error"].startswith("No such file")
+    assert not shaper.claim_probe(shape.PROBE_MIN_SIZE)
+
+
+@pytest.mark.parametrize(
+    ("facts", "override", "probe"),
+    [
+        (SourceFacts("fuse.unknownfs"), "auto", True),
+        (SourceFacts("fuse.unknownfs"), "parallel", False),  # the setting decides
+        (SourceFacts("fuse.rclone"), "auto", False),
+        (SourceFacts("fuse.unknownfs", continue_seconds=0.001, jump_seconds=0.001), "auto", False),  # probed
+        (SourceFacts("fuse.unknownfs", local=True), "auto", False),
+        (SourceFacts("nfs4"), "auto", False),
+    ],
+)
+def test_needs_probe(facts, override, probe):
+    assert shape.needs_probe(facts, override) is probe
+
+
+# -- the setting ----------------------------------------------------------------------------------------
+def test_source_shape_setting_is_validated_and_needs_a_remount():
+    assert Config().readahead.source_shape == "auto"
+    for value in ("auto", "parallel", "sequential"):
+        config = load_config(overrides=parse_overrides([f"readahead.source_shape={value}"]), use_default_path=False)
+        assert config.readahead.source_shape == value
+    with pytest.raises(ConfigError, match=r"readahead.source_shape: must be one of auto, parallel, sequential"):
+        load_config(overrides=parse_overrides(["readahead.source_shape=stream"]), use_default_path=False)
+    new = dataclasses.replace(Config(), readahead=dataclasses.replace(Config().readahead, source_shape="sequential"))
+    assert needs_remount(Config(), new) == ["readahead.source_shape"]
+    assert apply_live(Config(), new).readahead.source_shape == "auto"

@@ -1,0 +1,111 @@
+"""The source's access shape end to end, over the benchmarks' emulator with per-handle ranged
+streams (``stream=on``: every handle is one ranged download, a read that does not continue where
+the handle stands restarts it and charges the wasted transfer, as rclone without its VFS cache).
+
+np.load-like 1 MiB sequential reads of a 64 MiB file through fastfs: with the sequential shape the
+emulator counts no restarts beyond a few and transfers about the file once; with the parallel shape
+(pieces of each block over several handles) it counts the restarts and transfers several times the
+file. With ``auto`` the emulator is an unknown FUSE client (``fuse.latency_fs``): the jump probe
+tells a stream source (sequential) from one that reads any offset on any handle (parallel), and
+``fastfs stats`` says which and why.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FASTFS, mounted, wait_for
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+from latency_fs import Behaviour, emulated  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+
+MIB = 1024 * 1024
+SIZE = 64 * MIB
+# Ranged streams: no bandwidth cost (the test counts what moves, not how long it takes), a small
+# latency per (re)start, 1 MiB wasted per restart.
+STREAM_SPEC = "lat=0.5,mbps=inf,stream=on,waste=1024"
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> tuple[Path, bytes]:
+    src = tmp_path / "data"
+    src.mkdir()
+    data = os.urandom(SIZE)
+    (src / "model.bin").write_bytes(data)
+    return src, data
+
+
+def _read_through(mnt: Path) -> bytes:
+    """np.load-like: the file read front to back in 1 MiB reads."""
+    out = bytearray()
+    with open(mnt / "model.bin", "rb", buffering=0) as f:
+        while chunk := f.read(MIB):
+            out += chunk
+    return bytes(out)
+
+
+def _pass(tmp_path: Path, emu, options: list[str], name: str) -> tuple[bytes, dict, dict]:
+    """One fastfs mount over the emulator, one pass: (bytes, the emulator's counter deltas, fastfs stats)."""
+    mnt = tmp_path / name
+    mnt.mkdir()
+    with mounted(emu.mnt, mnt, options=options) as m:
+        before = emu.counters()
+        got = _read_through(m.mnt)
+        after = emu.counters()
+        stats = m.stats()
+    return got, {k: after[k] - before[k] for k in ("restarts", "transferred_bytes", "read_bytes")}, stats
+
+
+def test_sequential_shape_streams_each_file_once_the_parallel_shape_restarts(tmp_path, data_dir) -> None:
+    src, data = data_dir
+    with emulated(str(src), str(tmp_path / "emu"), behaviour=Behaviour.parse(STREAM_SPEC)) as emu:
+        got, seq, stats = _pass(tmp_path, emu, ["readahead.source_shape=sequential"], "seq")
+        assert got == data
+        assert stats["source"]["shape"] == "sequential"
+        assert seq["restarts"] <= 2, seq
+        assert seq["transferred_bytes"] <= 1.1 * SIZE, seq
+        assert stats["counters"]["stream_fills"] == SIZE // (4 * MIB) and stats["counters"]["stream_jumps"] == 0
+        got, par, stats = _pass(tmp_path, emu, ["readahead.source_shape=parallel"], "par")
+        assert got == data
+        assert stats["source"]["shape"] == "parallel"
+        # the contrast (what issue 21 measured over rclone): pieces out of order on every handle
+        assert par["restarts"] >= 10, par
+        assert par["transferred_bytes"] > 1.1 * SIZE, par
+    print(f"sequential: {seq}; parallel: {par}")
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind"),
+    [
+        # a restart costs its latency plus 8 MiB wasted at 400 MB/s (~22 ms), a continuing read ~0.3 ms
+        ("lat=1,stream=on", "sequential"),
+        # every read costs its 5 ms round trip, wherever it lands
+        ("lat=5", "parallel"),
+    ],
+)
+def test_auto_probes_an_unknown_fuse_client(tmp_path, data_dir, spec, kind) -> None:
+    src, data = data_dir
+    with emulated(str(src), str(tmp_path / "emu"), behaviour=Behaviour.parse(spec)) as emu:
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        with mounted(emu.mnt, mnt) as m:
+            assert m.stats()["source"]["probe"] == "due"
+            assert _read_through(m.mnt) == data
+            assert wait_for(lambda: m.stats()["source"]["probe"] == "done", timeout=30)
+            section = m.stats()["source"]
+            human = subprocess.run(
+                [*FASTFS, "stats", str(m.mnt)], capture_output=True, text=True, timeout=60, check=True
+            ).stdout
+    assert section["mount_type"] == "fuse.latency_fs"
+    assert section["shape"] == kind, section
+    assert section["probe_jump_ms"] > 0 and section["probe_continue_ms"] > 0
+    line = next(line for line in human.splitlines() if "source shape" in line)
+    assert f"source shape       {kind} (" in line and "mount type fuse.latency_fs, jump probe done" in line, line
