@@ -18,6 +18,12 @@ to the file's first descriptor instead (slower on some sources, never an EMFILE 
 Block reads rotate over the streams (the parallel shape), or go to the first one alone
 (``single``: the sequential shape, see :mod:`fastfs.fsio.shape`).
 
+Requests counted. This module is the one place that talks to the source, so it counts what fastfs
+asks of it (:data:`~fastfs.fsio.stats.SOURCE_OPENS`, ``SOURCE_STATS``, ``SOURCE_LISTINGS``) into the
+stats the engine hands it (``Source.stats``): the number to compare with what the reader itself
+would ask (one lookup and one open per file read directly). Path walks to a parent directory are
+not counted (the source's client caches them); data reads are the pread counters.
+
 What the source is, for the choice of its access shape: its mount's type from the mount table
 (:func:`mount_type_of`, the fstype of the longest mount point holding the source root: ``ext4``,
 ``nfs4``, ``fuse.rclone``) and, for FUSE clients nobody knows, :func:`jump_probe`: the cost of a
@@ -39,6 +45,7 @@ import time
 from typing import NamedTuple
 
 from fastfs.fsio import shape
+from fastfs.fsio import stats as m
 
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine)
 RESOLVE_NO_SYMLINKS = 0x04
@@ -95,7 +102,8 @@ class Source:
     """The source tree, reached only through descriptors beneath its root.
 
     Thread-safe: holds the immutable root descriptor, and the count of extra block-read descriptors
-    open (``stream_fds``, at most ``stream_budget``), guarded by ``_budget_lock``.
+    open (``stream_fds``, at most ``stream_budget``), guarded by ``_budget_lock``. ``stats`` (where the
+    requests are counted; None: not counted) is set once by the engine before any request.
     """
 
     def __init__(self, root: str, direct: bool = True, streams: int = 1, stream_budget: int | None = None) -> None:
@@ -109,6 +117,13 @@ class Source:
         self.stream_budget = stream_fd_budget(fd_limit()) if stream_budget is None else stream_budget
         self.stream_fds = 0
         self._budget_lock = threading.Lock()
+        self.stats: m.Stats | None = None
+
+    def count(self, kind: str) -> None:
+        """One request of *kind* (``SOURCE_OPENS``, ``SOURCE_STATS``, ``SOURCE_LISTINGS``) asked of the source."""
+        stats = self.stats
+        if stats is not None:
+            stats.add(kind)
 
     def take_stream(self) -> bool:
         """Reserve one extra block-read descriptor of the mount's budget; False when it is used up."""
@@ -177,6 +192,7 @@ class Source:
     # -- metadata ---------------------------------------------------------------------------
     def lstat(self, path: str) -> os.stat_result:
         parts = split(path)
+        self.count(m.SOURCE_STATS)
         if not parts:
             return os.stat(self.root_fd)
         fd, name = self._parent(path)
@@ -185,7 +201,13 @@ class Source:
         finally:
             os.close(fd)
 
+    def fstat(self, fd: int) -> os.stat_result:
+        """The attributes of an open source file now (one request to the source, counted)."""
+        self.count(m.SOURCE_STATS)
+        return os.fstat(fd)
+
     def listdir(self, path: str) -> list[str]:
+        self.count(m.SOURCE_LISTINGS)
         fd = self.open_rel(split(path), os.O_RDONLY | os.O_DIRECTORY)
         try:
             return os.listdir(fd)
@@ -195,6 +217,7 @@ class Source:
     def scandir(self, path: str) -> list[tuple[str, int, int]]:
         """(name, file type bits of st_mode (0 when the source does not tell), inode number) of one
         directory's entries, from one getdents pass (no stat per entry)."""
+        self.count(m.SOURCE_LISTINGS)
         fd = self.open_rel(split(path), os.O_RDONLY | os.O_DIRECTORY)
         out = []
         try:
@@ -225,6 +248,7 @@ class Source:
             os.close(fd)
 
     def _xattr_fd(self, path: str) -> int:
+        self.count(m.SOURCE_OPENS)
         return self.open_rel(split(path), os.O_RDONLY | os.O_NONBLOCK)
 
     def getxattr(self, path: str, name: str) -> bytes:
@@ -251,6 +275,7 @@ class Source:
     def open_file(self, path: str) -> SourceFile:
         """Open a regular file for reading (ELOOP/ENOENT for symlinks, EISDIR etc. passed on)."""
         parts = split(path)
+        self.count(m.SOURCE_OPENS)
         fd = self.open_rel(parts, os.O_RDONLY | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
@@ -361,6 +386,7 @@ def read_mount_type(path: str, mountinfo: str | None = None) -> str:
 def _probe_open(source: Source, parts: list[str], direct: bool) -> int:
     """A fresh handle for the jump probe: O_DIRECT (the source's page cache and read-ahead would
     answer the continuing reads), else buffered with read-ahead off for it (``POSIX_FADV_RANDOM``)."""
+    source.count(m.SOURCE_OPENS)
     if direct and hasattr(os, "O_DIRECT"):
         try:
             return source.open_rel(parts, os.O_RDONLY | os.O_DIRECT)
@@ -519,8 +545,9 @@ class SourceFile:
             direct = self._direct
             flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
             try:
+                source.count(m.SOURCE_OPENS)
                 fd = source.open_rel(self._parts, flags)
-                if os.fstat(fd).st_ino != self.st.st_ino:
+                if source.fstat(fd).st_ino != self.st.st_ino:
                     os.close(fd)
                     fd = -1
             except OSError:
