@@ -154,7 +154,8 @@ class FuseConfig:
     /proc/sys/fs/fuse/max_pages_limit; larger values only help where that limit was raised)."""
     readdirplus: bool = True
     """Answer directory listings with attributes when the kernel asks for them (saves a lookup per
-    entry of a tree walk)."""
+    entry of a tree walk), on local sources only: on network and FUSE sources each attribute is a
+    source round trip the kernel mostly does not keep, so their listings are always plain."""
     fsname: str = ""
     """Source field of the mount table (/proc/mounts, df); empty: fastfs:SRC."""
     subtype: str = "fastfs"

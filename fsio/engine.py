@@ -84,6 +84,7 @@ from fastfs.fsio.entry import FileEntry
 from fastfs.fsio.fills import Fills
 from fastfs.fsio.handles import HandleTable
 from fastfs.fsio.opening import DISK_PASSTHROUGH_MIN, Opener, OpenResult
+from fastfs.fsio.policy import listing_attributes
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.probe import FormatProbe
 from fastfs.fsio.readpath import ReadPath, ReplyParts
@@ -234,6 +235,12 @@ class Engine:
         stat, and a new listing only when the directory changed (:mod:`fastfs.fsio.dirs`); the list is
         shared, not to be changed. A new listing is told to the listeners (:meth:`listen`)."""
         return self.dirs.listing(path)
+
+    def listing_attributes(self) -> bool:
+        """Whether listings carry attributes (the daemon negotiates READDIRPLUS only then): the
+        ``fuse.readdirplus`` setting on local sources, never on others
+        (:func:`~fastfs.fsio.policy.listing_attributes`)."""
+        return listing_attributes(self.config.fuse.readdirplus, self.source.local)
 
     def listen(self, listener: ChangeListener) -> None:
         """Tell *listener* the directory changes and file growths the engine finds from now on, and start
