@@ -14,12 +14,13 @@ the open of a file whose data is at hand (the opener asks :meth:`Scanner.meta` a
 under the close-to-open bound ``fuse.revalidate`` (:attr:`FuseConfig.revalidate_bound`):
 
 * younger than the bound: trusted as it is (``FRESH``: no source request);
-* older, but younger than ``attr_timeout``, and its directory verified unchanged within the bound
-  since before the metadata was fetched (``DIR``, with ``fuse.trust_unchanged_dirs``: one directory
-  stat per period shared by every file in it, :meth:`fastfs.fsio.dirs.DirListings.verified`): each
-  entry remembers its directory's *basis* read before its own request. This is what keeps a first
-  pass over a large directory at one request per file on storage answering lookups one at a time;
-  a file rewritten in place (no rename) is its gap;
+* older, but younger than ``attr_timeout``, fetched by a scan, and its directory verified unchanged
+  within the bound since before the metadata was fetched (``DIR``, with ``fuse.trust_unchanged_dirs``:
+  one directory stat per period shared by every file in it,
+  :meth:`fastfs.fsio.dirs.DirListings.verified`): each scan fetch remembers its directory's *basis*
+  read before its own request (a lookup's metadata has none: it is revalidated by its file's stat).
+  This is what keeps a first pass over a large directory at one request per file on storage
+  answering lookups one at a time; a scanned file rewritten in place (no rename) is its gap;
 * else the opener revalidates it with one stat of the file (:meth:`Scanner.revalidate`), never a
   reopen: unchanged, the data held is served.
 
@@ -189,27 +190,28 @@ class Scanner:
         meta = self.fresh_meta(path)
         if meta is not None:
             return meta.st
-        basis = self._basis(path)
         before = self.clock()
         st = self.source.lstat(path)
-        self._remember_st(path, st, before, basis)
+        self._remember_st(path, st, before)
         return st
 
     def _fetch_lstat(self, path: str) -> MetaEntry | None:
-        basis = self._basis(path)
         before = self.clock()
         try:
             st = self.source.lstat(path)
         except OSError:
             self.forget([path])
             raise
-        return self._remember_st(path, st, before, basis)
+        return self._remember_st(path, st, before)
 
-    def _remember_st(self, path: str, st: os.stat_result, fetched_at: float, basis: Basis | None) -> MetaEntry | None:
+    def _remember_st(self, path: str, st: os.stat_result, fetched_at: float) -> MetaEntry | None:
+        """Remember a lookup's (or a revalidation's) metadata of a regular file, without a directory
+        basis: only a scan's metadata is trusted by its directory (a file looked up alone and rewritten
+        in place is seen within the bound)."""
         if not stat.S_ISREG(st.st_mode):
             self.forget([path])
             return None
-        return self.remember_meta(path, st, stat_key(st), basis, fetched_at)
+        return self.remember_meta(path, st, stat_key(st), None, fetched_at)
 
     def _basis(self, path: str) -> Basis | None:
         """The basis of *path*'s directory as last seen (read before a request about *path*)."""

@@ -40,6 +40,7 @@ import os
 import resource
 import stat
 import struct
+import sys
 import threading
 import time
 from typing import NamedTuple
@@ -219,8 +220,11 @@ class Source:
         directory's entries, from one getdents pass (no stat per entry)."""
         self.count(m.SOURCE_LISTINGS)
         fd = self.open_rel(split(path), os.O_RDONLY | os.O_DIRECTORY)
-        out = []
         try:
+            listed = _read_dirents(fd)
+            if listed is not None:
+                return listed
+            out = []
             with os.scandir(fd) as it:
                 for entry in it:
                     out.append((entry.name, _entry_type(entry), entry.inode()))
@@ -286,6 +290,59 @@ class Source:
         except BaseException:
             os.close(fd)
             raise
+
+
+class _Dirent64(ctypes.Structure):
+    """glibc's ``struct dirent`` on 64-bit Linux (what readdir(3) returns)."""
+
+    _fields_ = [
+        ("d_ino", ctypes.c_uint64),
+        ("d_off", ctypes.c_int64),
+        ("d_reclen", ctypes.c_ushort),
+        ("d_type", ctypes.c_ubyte),
+        ("d_name", ctypes.c_char * 256),
+    ]
+
+
+# d_type of readdir(3) -> file type bits (DT_UNKNOWN and the rest: 0, the kernel asks with a lookup).
+_DT_MODE = {4: stat.S_IFDIR, 8: stat.S_IFREG, 10: stat.S_IFLNK}
+_libc.fdopendir.argtypes = [ctypes.c_int]
+_libc.fdopendir.restype = ctypes.c_void_p
+_libc.readdir.argtypes = [ctypes.c_void_p]
+_libc.readdir.restype = ctypes.POINTER(_Dirent64)
+_libc.closedir.argtypes = [ctypes.c_void_p]
+_DOTS = (b".", b"..")
+
+
+def _read_dirents(fd: int) -> list[tuple[str, int, int]] | None:
+    """(name, type bits, inode) of the entries of directory *fd* from readdir(3) alone: the d_type the
+    source gave, 0 where it gave DT_UNKNOWN (``os.scandir``'s ``is_dir()`` would stat each such entry at
+    the source: a round trip per file on FUSE sources, which list without types). None where this
+    libc is not known to match (the caller falls back to ``os.scandir``)."""
+    if sys.platform != "linux" or os.uname().machine not in ("x86_64", "aarch64"):
+        return None
+    dup = os.dup(fd)
+    handle = _libc.fdopendir(dup)
+    if not handle:
+        os.close(dup)
+        return None
+    out = []
+    try:
+        while True:
+            ctypes.set_errno(0)
+            entry = _libc.readdir(handle)
+            if not entry:
+                err = ctypes.get_errno()
+                if err:
+                    raise OSError(err, os.strerror(err))
+                return out
+            d = entry.contents
+            name = d.d_name
+            if name in _DOTS:
+                continue
+            out.append((os.fsdecode(name), _DT_MODE.get(d.d_type, 0), d.d_ino))
+    finally:
+        _libc.closedir(handle)  # (closes the duplicate)
 
 
 def _entry_type(entry: os.DirEntry) -> int:
