@@ -306,6 +306,8 @@ class Opener:
             meta = None
         if meta is not None:
             how = self.scanner.trust(path, meta)
+            if how and not meta.scan and (how != FRESH or not self.scanner.take(path, meta)):
+                how = ""  # a lookup's metadata answers the one open right after it, nothing more
             if how:
                 self.stats.add(m.OPENS_FROM_META if how == FRESH else m.OPENS_DIR_VERIFIED)
             else:

@@ -24,10 +24,12 @@ under the close-to-open bound ``fuse.revalidate`` (:attr:`FuseConfig.revalidate_
 * else the opener revalidates it with one stat of the file (:meth:`Scanner.revalidate`), never a
   reopen: unchanged, the data held is served.
 
-So the open that follows a lookup within the bound asks the source nothing, and a second epoch
-after a long pause costs one stat per file. A file the kernel holds the pages of (opened before on
-this mount) gets only its metadata fetched by a scan (:meth:`Scanner._scan_stat`); a small file the
-disk tier holds whole keeps only its metadata and has its data file asked into the page cache.
+A lookup's own metadata (``MetaEntry.scan`` False) answers only the one open that follows it within
+the bound (:meth:`Scanner.take`), never a lookup: so the open that follows a lookup asks the source
+nothing, each later open asks again, and a second epoch after a long pause costs one stat per file.
+A file the kernel holds the pages of (opened before on this mount) gets only its metadata fetched by
+a scan (:meth:`Scanner._scan_stat`); a small file the disk tier holds whole keeps only its metadata
+and has its data file asked into the page cache.
 Scans list their directory through the engine's listings (:mod:`fastfs.fsio.dirs`): one listing
 shared with the kernel's, and the basis the fetched files remember.
 
@@ -41,6 +43,7 @@ handle table's, path -> last version) is read without its lock: one atomic looku
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import errno
 import os
 import stat
@@ -91,6 +94,8 @@ class MetaEntry:
     key: FileKey
     fetched_at: float  # monotonic, before the request
     dir_basis: Basis | None = None  # its directory's state read before the request (None: unknown)
+    scan: bool = True  # fetched by a scan (answers lookups and opens); False: by a lookup (one open)
+    used: bool = False  # a lookup's metadata that answered its open already
 
 
 @dataclass
@@ -170,23 +175,50 @@ class Scanner:
         return DIR if self.dirs.verified(parent_of(path), self.bound) == meta.dir_basis else ""
 
     def fresh_meta(self, path: str) -> MetaEntry | None:
-        """The remembered metadata of *path* while it may be trusted without asking the file (:meth:`trust`)."""
+        """A scan's metadata of *path* while it may be trusted without asking the file (:meth:`trust`):
+        it answers lookups, and the scan need not fetch the file again."""
         meta = self.meta(path)
-        if meta is None or not self.trust(path, meta):
+        if meta is None or not meta.scan or not self.trust(path, meta):
             return None
         return meta
 
+    def take(self, path: str, meta: MetaEntry) -> bool:
+        """Mark a lookup's metadata *meta* as having answered an open; False when it did already (or
+        was replaced meanwhile): each open asks the source unless the lookup just before it did."""
+        with self._meta_lock:
+            if self._meta.get(path) is not meta or meta.used:
+                return False
+            self._meta[path] = dataclasses.replace(meta, used=True)
+            return True
+
     def revalidate(self, path: str, meta: MetaEntry) -> MetaEntry | None:
         """One stat of *path* at the source (never an open): its metadata, remembered, when it is still
-        the version *meta* names, else None (the new metadata is remembered all the same). OSError
-        (ENOENT...) is passed on."""
-        fresh = self._fetch_lstat(path)
-        if fresh is None or fresh.key != meta.key:
+        the version *meta* names (a scan's stays a scan's, with its directory's basis read before the
+        stat; a lookup's is marked used by the open asking), else None (the new metadata is
+        remembered as a lookup's). OSError (ENOENT...) is passed on."""
+        basis = self._basis(path) if meta.scan else None
+        before = self.clock()
+        try:
+            st = self.source.lstat(path)
+        except OSError:
+            self.forget([path])
+            raise
+        if not stat.S_ISREG(st.st_mode):
+            self.forget([path])
             return None
+        key = stat_key(st)
+        same = key == meta.key
+        fresh = self.remember_meta(path, st, key, basis if same else None, before, scan=same and meta.scan)
+        if not same:
+            return None
+        if not fresh.scan:
+            self.take(path, fresh)
         return fresh
 
     def lstat(self, path: str) -> os.stat_result:
-        """Lookup of *path*: trusted metadata, else the source's lstat (remembered for the open that follows)."""
+        """Lookup of *path*: a scan's trusted metadata, else the source's lstat, remembered for the one
+        open that follows (a lookup's metadata never answers another lookup: the kernel keeps what it
+        is told for entry_timeout, and a name deleted meanwhile would stay)."""
         meta = self.fresh_meta(path)
         if meta is not None:
             return meta.st
@@ -195,15 +227,6 @@ class Scanner:
         self._remember_st(path, st, before)
         return st
 
-    def _fetch_lstat(self, path: str) -> MetaEntry | None:
-        before = self.clock()
-        try:
-            st = self.source.lstat(path)
-        except OSError:
-            self.forget([path])
-            raise
-        return self._remember_st(path, st, before)
-
     def _remember_st(self, path: str, st: os.stat_result, fetched_at: float) -> MetaEntry | None:
         """Remember a lookup's (or a revalidation's) metadata of a regular file, without a directory
         basis: only a scan's metadata is trusted by its directory (a file looked up alone and rewritten
@@ -211,7 +234,7 @@ class Scanner:
         if not stat.S_ISREG(st.st_mode):
             self.forget([path])
             return None
-        return self.remember_meta(path, st, stat_key(st), None, fetched_at)
+        return self.remember_meta(path, st, stat_key(st), None, fetched_at, scan=False)
 
     def _basis(self, path: str) -> Basis | None:
         """The basis of *path*'s directory as last seen (read before a request about *path*)."""
@@ -261,10 +284,11 @@ class Scanner:
         key: FileKey,
         basis: Basis | None = None,
         fetched_at: float | None = None,
+        scan: bool = True,
     ) -> MetaEntry:
         """Remember *path*'s metadata fetched at *fetched_at* (monotonic, before the request; None: now)
-        with its directory's *basis* read before the request."""
-        entry = MetaEntry(st, key, self.clock() if fetched_at is None else fetched_at, basis)
+        with its directory's *basis* read before the request (*scan*: by a scan, else a lookup)."""
+        entry = MetaEntry(st, key, self.clock() if fetched_at is None else fetched_at, basis, scan)
         with self._meta_lock:
             self._meta[path] = entry
             self._meta.move_to_end(path)

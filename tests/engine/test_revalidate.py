@@ -204,6 +204,11 @@ def test_the_open_after_a_lookup_asks_nothing_and_a_second_epoch_costs_one_stat_
         d = delta(counters(engine), before)
         assert d[m.SOURCE_STATS] == len(paths) and d[m.SOURCE_OPENS] == 0
         assert d[m.OPENS_FROM_META] == len(paths)
+        # a lookup's metadata answered its one open: the next open (no lookup before it) asks again
+        before = counters(engine)
+        assert read_whole(engine, paths[0], cached=True) == body(2)
+        d = delta(counters(engine), before)
+        assert d[m.SOURCE_STATS] == 1 and d[m.OPENS_REVALIDATED] == 1 and d[m.SOURCE_OPENS] == 0
         engine.check_invariants()
     finally:
         engine.close()
