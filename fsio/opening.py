@@ -301,7 +301,8 @@ class Opener:
         fetch, a lookup) answers the open while :meth:`Scanner.trust` trusts it (no source request),
         else one stat of the file revalidates it (:meth:`Scanner.revalidate`); *need_source* (a
         passthrough open) always opens the source."""
-        meta = None if need_source else self.scanner.meta(path)
+        known = self.scanner.meta(path)
+        meta = None if need_source else known
         if meta is not None and not self._held(path, meta, kernel_cached):
             meta = None
         if meta is not None:
@@ -320,6 +321,8 @@ class Opener:
         else:
             src = self.source.open_file(path)
             key, size, st = src.key, src.size, src.st
+            if known is not None and not known.scan:
+                self.scanner.take(path, known)  # this open asked the source: the lookup's answer is spent
         if expect is not None and key != expect:
             if src is not None:
                 src.close()
