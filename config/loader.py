@@ -60,6 +60,8 @@ ALIASES = {
     "read_timeout": "readahead.read_timeout",
     "entry_timeout": "fuse.entry_timeout",
     "attr_timeout": "fuse.attr_timeout",
+    "revalidate": "fuse.revalidate",
+    "trust_unchanged_dirs": "fuse.trust_unchanged_dirs",
     "negative_timeout": "fuse.negative_timeout",
     "read_ahead_kb": "fuse.read_ahead_kb",
     "allow_other": "fuse.allow_other",

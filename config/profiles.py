@@ -63,6 +63,11 @@ class Profile:
 _STATIC_METADATA: tuple[Setting, ...] = (
     Setting("fuse.entry_timeout", STATIC_DATA_TIMEOUT, "the data does not change while used: lookups cached 1 h"),
     Setting("fuse.attr_timeout", STATIC_DATA_TIMEOUT, "attributes (and files fetched by a scan) trusted for 1 h"),
+    Setting(
+        "fuse.revalidate",
+        STATIC_DATA_TIMEOUT,
+        "opens trust fetched metadata for 1 h too (no stat per file): a file replaced meanwhile shows within 1 h",
+    ),
 )
 
 PROFILES: dict[str, Profile] = {

@@ -100,6 +100,20 @@ class FuseConfig:
     """Seconds the kernel may cache a name lookup (read-mostly data: long saves lookup round trips)."""
     attr_timeout: float = 60.0
     """Seconds the kernel may cache file attributes; a deleted source file vanishes within this."""
+    revalidate: float = 1.0
+    """Close-to-open bound, in seconds: an open (and a lookup) never trusts source metadata fastfs
+    fetched longer ago than this (nor longer ago than ``attr_timeout``, whichever is shorter); older
+    metadata of a version fastfs holds (RAM, disk tier, the kernel's pages) is revalidated by one stat
+    of the file, never a reopen. 0: every open asks the source. The kernel's own caches keep
+    ``attr_timeout`` / ``entry_timeout``; this bounds what fastfs itself answers."""
+    trust_unchanged_dirs: bool = True
+    """A file's metadata older than ``revalidate`` (but younger than ``attr_timeout``) is trusted
+    without a stat of the file while its directory is verified unchanged within ``revalidate`` (one
+    stat of the directory per period, shared by every open in it): this keeps a first pass over a
+    large directory at one request per file on storage that answers lookups one at a time. The
+    trade: a file rewritten in place (no rename, the directory does not change) may be served in its
+    old version for up to ``attr_timeout``; renames, creates and deletes (checkpoint rotation) change
+    the directory and are seen within ``revalidate``. Off: every such open stats its file."""
     negative_timeout: float = -1.0
     """Seconds the kernel may cache a failed lookup (a file created in SRC later appears within this;
     sooner when fastfs sees the directory change); -1: as ``dir_timeout``."""
@@ -141,7 +155,8 @@ class FuseConfig:
     /proc/sys/fs/fuse/max_pages_limit; larger values only help where that limit was raised)."""
     readdirplus: bool = True
     """Answer directory listings with attributes when the kernel asks for them (saves a lookup per
-    entry of a tree walk)."""
+    entry of a tree walk), on local sources only: on network and FUSE sources each attribute is a
+    source round trip the kernel mostly does not keep, so their listings are always plain."""
     fsname: str = ""
     """Source field of the mount table (/proc/mounts, df); empty: fastfs:SRC."""
     subtype: str = "fastfs"
@@ -157,6 +172,11 @@ class FuseConfig:
     """Mount with noatime (shown in /proc/mounts); fastfs never updates access times either way."""
     nonempty: bool = False
     """Allow mounting over a non-empty directory (its files are hidden while mounted)."""
+
+    @property
+    def revalidate_bound(self) -> float:
+        """Seconds fetched metadata answers opens and lookups: ``revalidate``, at most ``attr_timeout``."""
+        return min(self.revalidate, self.attr_timeout)
 
     @property
     def negative_ttl(self) -> float:
@@ -179,7 +199,7 @@ class FuseConfig:
         for name in ("file_mode", "dir_mode"):
             _check(-1 <= getattr(self, name) <= 0o777, f"fuse.{name}", "must be -1 (as the source) or 0000..0777")
         _check(0 <= self.umask <= 0o777, "fuse.umask", "must be between 0000 and 0777")
-        for name in ("entry_timeout", "attr_timeout"):
+        for name in ("entry_timeout", "attr_timeout", "revalidate"):
             _check(0 <= getattr(self, name) <= 86400, f"fuse.{name}", "must be between 0 and 86400 seconds")
         _check(
             self.negative_timeout == -1 or 0 <= self.negative_timeout <= 86400,

@@ -144,6 +144,23 @@ _LABELLED: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
         "route",
         ((fstats.OPENS, "served"), (fstats.OPENS_PASSTHROUGH, "passthrough"), (fstats.OPENS_DISK, "disk")),
     ),
+    "source_requests_total": (
+        "Requests fastfs made to the source, by kind: files opened, stats (files and directories), directories "
+        "listed (reads are fastfs_source_reads_total).",
+        "kind",
+        ((fstats.SOURCE_OPENS, "open"), (fstats.SOURCE_STATS, "stat"), (fstats.SOURCE_LISTINGS, "listing")),
+    ),
+    "opens_from_metadata_total": (
+        "Served opens answered without opening the source, by how its metadata was trusted: younger than "
+        "fuse.revalidate (fresh), one stat of the file (revalidated), its directory verified unchanged "
+        "(dir_verified).",
+        "how",
+        (
+            (fstats.OPENS_FROM_META, "fresh"),
+            (fstats.OPENS_REVALIDATED, "revalidated"),
+            (fstats.OPENS_DIR_VERIFIED, "dir_verified"),
+        ),
+    ),
     "opened_file_bytes_total": (
         "Sizes of the files opened by passthrough (their reads never reach fastfs), by route.",
         "route",

@@ -186,7 +186,8 @@ class Daemon:
         return Wishes(
             max_pages=fc.max_pages,
             passthrough=fc.passthrough != "off" and os.geteuid() == 0,
-            readdirplus=fc.readdirplus,
+            # listings with attributes where the engine's policy says (local sources only)
+            readdirplus=self.engine.listing_attributes() if self.engine is not None else fc.readdirplus,
             posix_acl=fc.allow_other,  # the kernel applies the source's ACLs (daemon/kernel/negotiate.py)
         )
 

@@ -16,6 +16,15 @@ directory never listed is not listed by its first check: that stat is what later
 (the names the kernel holds were looked up at most a period before it, so a change in between falls
 within the racy tick before that stat, in which case the first check lists it).
 
+Verification for opens (:meth:`DirListings.verified`): a file's metadata fetched while the directory
+was in a known state (its *basis*: the directory's key and the wall clock before the stat that saw
+it, :meth:`DirListings.basis`, read before the file's own request) still names the same file while
+the directory is in that state: no name in it was created, deleted or renamed since. Opens older
+than ``fuse.revalidate`` ask for the directory's basis verified within that bound: the last stat
+that confirmed it (``verified_at``) when recent enough, else one re-check (the same step as the
+refresher's, shared by every open of the directory in the period). A file rewritten in place does
+not change its directory: that gap is ``fuse.trust_unchanged_dirs``'s trade (config/schema.py).
+
 Each new listing is told to the listeners as a :class:`~fastfs.fsio.changes.DirChange` (the names
 now, the names the previous listing had that are gone): the engine drops the metadata it keeps of
 vanished names, the daemon tells the kernel to drop the names it holds that vanished and the failed
@@ -33,8 +42,9 @@ more than :data:`~fastfs.fsio.changes.RACY_SECONDS` may miss a second change wit
 tick of the first until the directory changes again.
 
 Concurrency: ``_lock`` guards ``_dirs`` (its order and membership), ``_entries`` and each state's
-``listed``; ``used_at`` and ``checked_at`` are single float stores, written without it (a use is
-recorded on the lookup path, one dict read and one store) and read by the refresher as hints. A
+``listed`` and ``seen``; ``used_at``, ``checked_at`` and ``verified_at`` are single float stores,
+written without it (a use is recorded on the lookup path, one dict read and one store) and read by
+the refresher and by :meth:`DirListings.verified` as hints. A
 kept listing is never changed, only replaced. The source is stat'ed and listed outside the lock;
 listeners are called outside it, on the caller's thread.
 """
@@ -81,11 +91,12 @@ class Listed:
 class DirState:
     """What is remembered of one directory (see the module docstring for what guards what)."""
 
-    __slots__ = ("used_at", "checked_at", "listed", "seen")
+    __slots__ = ("used_at", "checked_at", "verified_at", "listed", "seen")
 
     def __init__(self, used_at: float) -> None:
         self.used_at = used_at  # monotonic time of the last lookup in it or listing of it
         self.checked_at = NEVER  # monotonic time of the last stat that validated (or made) its listing
+        self.verified_at = NEVER  # monotonic time before the last stat that showed its basis current
         self.listed: Listed | None = None  # its last listing, while kept (_lock)
         self.seen: tuple[tuple[int, int, int, int], int] | None = None  # without a listing: (key, wall
         # clock before the stat) of its first check, which later checks compare with (_lock)
@@ -141,7 +152,7 @@ class DirListings:
         st = self.source.lstat(path)
         listed = state.listed if state is not None else None
         if state is not None and listed is not None and listing_valid(listed.key, listed.listed_ns, st):
-            state.checked_at = now
+            state.checked_at = state.verified_at = now
             return listed.entries
         return self._relist(path, st, stamp, now, now)
 
@@ -167,7 +178,7 @@ class DirListings:
                     state = self._state_locked(path, NEVER)
                     if state.listed is None and state.seen is None:
                         state.seen = basis
-                    state.checked_at = now
+                    state.checked_at = state.verified_at = now
                 return False
             self._relist(path, st, stamp, now, NEVER)
             return True
@@ -179,6 +190,31 @@ class DirListings:
             if state is not None:
                 state.checked_at = now
             return False
+
+    # -- verification for opens --------------------------------------------------------------------
+    def basis(self, path: str) -> tuple[tuple[int, int, int, int], int] | None:
+        """The state of directory *path* as last seen: (its key, the wall clock before the stat that saw
+        it), or None when never seen. No source request: read before a file's own request, it is what
+        :meth:`verified` later compares with."""
+        state = self._dirs.get(path)
+        if state is None:
+            return None
+        with self._lock:
+            listed = state.listed
+            return (listed.key, listed.listed_ns) if listed is not None else state.seen
+
+    def verified(self, path: str, within: float) -> tuple[tuple[int, int, int, int], int] | None:
+        """The basis of directory *path* as confirmed by a stat at most *within* seconds ago: the last
+        one when recent enough, else one re-check now (:meth:`check`, which lists it anew when it
+        changed). None when it could not be checked (gone, an error)."""
+        now = self.clock()
+        state = self._dirs.get(path)
+        if state is None or now - state.verified_at > within:
+            self.check(path)
+            state = self._dirs.get(path)
+            if state is None or state.verified_at < now:
+                return None
+        return self.basis(path)
 
     def forget(self, path: str) -> None:
         with self._lock:
@@ -210,7 +246,7 @@ class DirListings:
                 self._entries += len(entries)
             else:  # too large to keep: its stat stands in for it (the next change lists it again)
                 state.listed, state.seen = None, (fresh.key, stamp)
-            state.checked_at = now
+            state.checked_at = state.verified_at = now
             self._dirs.move_to_end(path)
             self._trim_locked(path)
         gone = () if previous is None else tuple(vanished([e[0] for e in previous.entries], fresh.names))

@@ -39,17 +39,19 @@ each in its own module and with one job:
 * learning (``learn``, :class:`~fastfs.fsio.learn.AccessLog`, with ``readahead.learn``) and its save
   thread, warm (:mod:`fastfs.fsio.warm` drives :meth:`Engine.hold` / :meth:`Engine.warm_block`).
 
-Opens. Close-to-open consistency, as NFS: each open revalidates the source (open + fstat) and
-builds the file key; an open for an inode of another version (``expect``) fails with ESTALE. The
-kernel has one inode per version (the daemon's node table), so its page cache of a version is never
-stale. The route of an open is decided by the :class:`~fastfs.fsio.opening.Opener` alone. The one
-exception to the revalidation is a file fetched whole
-by a small-file scan in the last ``attr_timeout`` seconds (and still held in RAM or by the disk
-tier, or opened before so the kernel holds its pages): its open is answered from the metadata the
-scan fetched, like the kernel's own attribute cache, which is what makes a directory scan fast on
-high-latency storage. An open of a file (of :data:`DISK_PASSTHROUGH_MIN` or more) the disk tier
-holds complete and has verified goes by passthrough to that disk file when the kernel route
-exists, also for sources that are otherwise served. A new version of a path frees the old one's
+Opens. Close-to-open consistency, as NFS, with a stated bound (``fuse.revalidate``): each open
+revalidates the source (open + fstat) and builds the file key; an open for an inode of another
+version (``expect``) fails with ESTALE. The kernel has one inode per version (the daemon's node
+table), so its page cache of a version is never stale. The route of an open is decided by the
+:class:`~fastfs.fsio.opening.Opener` alone. A small version whose data is at hand (RAM, the disk
+tier, or the kernel's pages of an inode opened before) is not reopened: metadata younger than the
+bound (from a scan's fetch or a lookup) answers the open; older, one stat of the file revalidates
+it, or its directory verified unchanged (``fuse.trust_unchanged_dirs``; see
+:mod:`fastfs.fsio.scanner`). That is what makes a directory scan fast on high-latency storage and
+keeps a second epoch after a pause at one stat per file. An open of a file (of
+:data:`DISK_PASSTHROUGH_MIN` or more) the disk tier holds complete and has verified goes by
+passthrough to that disk file when the kernel route exists, also for sources that are otherwise
+served. A new version of a path frees the old one's
 blocks at once.
 
 Concurrency: the engine itself keeps only ``config`` (replaced whole by :meth:`reconfigure`, read
@@ -83,10 +85,11 @@ from fastfs.fsio.entry import FileEntry
 from fastfs.fsio.fills import Fills
 from fastfs.fsio.handles import HandleTable
 from fastfs.fsio.opening import DISK_PASSTHROUGH_MIN, Opener, OpenResult
+from fastfs.fsio.policy import listing_attributes
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.probe import FormatProbe
 from fastfs.fsio.readpath import ReadPath, ReplyParts
-from fastfs.fsio.refresh import Refresher
+from fastfs.fsio.refresh import MIN_FILE_PERIOD, Refresher
 from fastfs.fsio.scanner import Scanner
 from fastfs.fsio.shape import Shaper, SourceFacts
 from fastfs.fsio.source import FileKey, Source, SourceFile, cached_share, jump_probe, stat_key
@@ -149,6 +152,7 @@ class Engine:
         parts = source if isinstance(source, EngineParts) else EngineParts.build(source, self.config, self.stats)
         ra = self.config.readahead
         self.source = parts.source
+        self.source.stats = self.stats  # the source counts the requests fastfs makes of it
         self.disk = parts.disk
         self.cache = parts.cache
         self.pool = parts.pool
@@ -174,20 +178,21 @@ class Engine:
         self.probe = FormatProbe(
             self.cache, self.pool, self.stats, self.disk, self.fills, self.block_size, ra, self.trace, self.learn,
         )  # fmt: skip
+        self.dirs = DirListings(self.source, self.clock)
         self.scanner = Scanner(
             self.source, self.cache, self.pool, self.stats, self.disk, self.fills, self.handles.versions, ra,
-            self.config.fuse.attr_timeout, self.trace, self.learn, self.clock,
+            self.config.fuse, self.trace, self.learn, self.clock, self.dirs,
         )  # fmt: skip
         self.reads = ReadPath(self.cache, self.stats, self.fills, self.probe, self.block_size, ra, self.trace)
         self.opener = Opener(
             self.config, self.source, self.cache, self.disk, self.handles, self.scanner, self.probe, self.stats,
             self.trace, self._last_handle,
         )  # fmt: skip
-        self.dirs = DirListings(self.source, self.clock)
         self.dirs.listeners.append(self._dir_changed)
         self.refresher = Refresher(
-            self.dirs, self.handles, self.cache, self.source, self.config.fuse.dir_timeout, clock=self.clock
-        )
+            self.dirs, self.handles, self.cache, self.source, self.config.fuse.dir_timeout,
+            file_period=max(MIN_FILE_PERIOD, self.config.fuse.revalidate_bound), clock=self.clock,
+        )  # fmt: skip
         self.refresher.listeners.append(self._file_grew)
 
     @classmethod
@@ -234,6 +239,12 @@ class Engine:
         stat, and a new listing only when the directory changed (:mod:`fastfs.fsio.dirs`); the list is
         shared, not to be changed. A new listing is told to the listeners (:meth:`listen`)."""
         return self.dirs.listing(path)
+
+    def listing_attributes(self) -> bool:
+        """Whether listings carry attributes (the daemon negotiates READDIRPLUS only then): the
+        ``fuse.readdirplus`` setting on local sources, never on others
+        (:func:`~fastfs.fsio.policy.listing_attributes`)."""
+        return listing_attributes(self.config.fuse.readdirplus, self.source.local)
 
     def listen(self, listener: ChangeListener) -> None:
         """Tell *listener* the directory changes and file growths the engine finds from now on, and start
@@ -350,12 +361,12 @@ class Engine:
     # == open-less reads (fuse.no_open) =============================================================
     def _implicit_entry(self, path: str | None, expect: FileKey | None = None) -> FileEntry | None:
         """The entry for an open-less read of ``path`` (fuse.no_open): an implicit handle per path,
-        revalidated like an open once its attr_timeout has passed (ESTALE when the source is no
+        revalidated like an open once ``fuse.revalidate`` has passed (ESTALE when the source is no
         longer the version *expect* names)."""
         if path is None:
             return None
         now = self.clock()
-        entry = self.handles.implicit(path, now, self.config.fuse.attr_timeout, expect)
+        entry = self.handles.implicit(path, now, self.config.fuse.revalidate_bound, expect)
         if entry is not None:
             return entry
         _fh, entry = self.opener.acquire(path, expect, implicit_at=now)

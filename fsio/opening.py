@@ -32,7 +32,8 @@ The open walk, from the kernel's OPEN to its reply (:mod:`fastfs.daemon.ops` is 
 
     KernelOps.open(request, OpenIn)                          daemon/ops.py
       -> Engine.open -> Opener.open                          revalidate (close-to-open): open + fstat the
-           Opener.acquire                                    source, or fresh scan metadata; a handle on
+           Opener.acquire                                    source; for data at hand, metadata within
+                                                             fuse.revalidate, else one stat; a handle on
              HandleTable.attach                              the version's entry (one locked step)
            Opener.decide -> Route                            the route, from the inputs above
            count it, format probe / scan bookkeeping
@@ -72,7 +73,7 @@ from fastfs.fsio.entry import FileEntry
 from fastfs.fsio.handles import HandleTable
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED, StreamPolicy, choose_route
 from fastfs.fsio.probe import FormatProbe
-from fastfs.fsio.scanner import MetaEntry, Scanner
+from fastfs.fsio.scanner import FRESH, MetaEntry, Scanner
 from fastfs.fsio.source import FileKey, HeadKey, Source, SourceFile, SourceRef
 from fastfs.fsio.trace import DecisionLog
 
@@ -296,18 +297,32 @@ class Opener:
         """Revalidate the source (close-to-open) and return a new handle on the shared entry of its
         version (with *implicit_at*: the path's implicit handle, see :meth:`HandleTable.attach`).
 
-        Fresh metadata from a scan answers the open without a source round trip when the data is at
-        hand: in RAM, on the disk tier, or in the kernel's page cache (*kernel_cached*: the inode was
-        opened before); *need_source* (a passthrough open) always opens the source."""
-        meta = None if need_source else self.scanner.fresh_meta(path)
+        A version whose data is at hand (:meth:`_held`) is not reopened: remembered metadata (a scan's
+        fetch, a lookup) answers the open while :meth:`Scanner.trust` trusts it (no source request),
+        else one stat of the file revalidates it (:meth:`Scanner.revalidate`); *need_source* (a
+        passthrough open) always opens the source."""
+        known = self.scanner.meta(path)
+        meta = None if need_source else known
+        if meta is not None and not self._held(path, meta, kernel_cached):
+            meta = None
+        if meta is not None:
+            how = self.scanner.trust(path, meta)
+            if how and not meta.scan and (how != FRESH or not self.scanner.take(path, meta)):
+                how = ""  # a lookup's metadata answers the one open right after it, nothing more
+            if how:
+                self.stats.add(m.OPENS_FROM_META if how == FRESH else m.OPENS_DIR_VERIFIED)
+            else:
+                meta = self.scanner.revalidate(path, meta)  # one stat, never a reopen
+                if meta is not None:
+                    self.stats.add(m.OPENS_REVALIDATED)
         src: SourceFile | None = None
-        if meta is not None and (
-            kernel_cached or self.cache.peek(meta.key, 0) is not None or self._on_disk(path, meta)
-        ):
+        if meta is not None:
             key, size, st = meta.key, meta.st.st_size, meta.st
         else:
             src = self.source.open_file(path)
             key, size, st = src.key, src.size, src.st
+            if known is not None and not known.scan:
+                self.scanner.take(path, known)  # this open asked the source: the lookup's answer is spent
         if expect is not None and key != expect:
             if src is not None:
                 src.close()
@@ -329,6 +344,16 @@ class Opener:
         for old_fh in attached.stale:
             self.release(old_fh)
         return attached.fh, attached.entry
+
+    def _held(self, path: str, meta: MetaEntry, kernel_cached: bool) -> bool:
+        """Whether the version *meta* describes can be read without its source file at hand: a small one
+        (whole in block 0, :meth:`Scanner.scan_max`) in RAM or in the kernel's pages (*kernel_cached*),
+        or any one the disk tier holds whole. (A larger version answered from metadata would open its
+        source at its first uncached read, and fail with ESTALE if it changed meanwhile.)"""
+        small = meta.st.st_size <= self.scanner.scan_max()
+        if small and (kernel_cached or self.cache.peek(meta.key, 0) is not None):
+            return True
+        return self._on_disk(path, meta)
 
     def _on_disk(self, path: str, meta: MetaEntry) -> bool:
         """Whether the disk tier holds all of the version a scan's metadata describes (its open is then

@@ -7,8 +7,9 @@ asking again, and this thread re-checks them, a bounded number per tick:
   the kernel may hold their names and failed lookups. Each is re-checked every ``fuse.dir_timeout``
   (:meth:`~fastfs.fsio.dirs.DirListings.check`: one stat, a new listing only when it changed, told to
   the listeners, who tell the kernel), at most :data:`MAX_DIR_CHECKS` per tick;
-* **open file versions** (entries with handles): re-checked for growth every
-  :data:`REVALIDATE_SECONDS` (:meth:`Refresher.check_file`), at most :data:`MAX_FILE_CHECKS` per tick.
+* **open file versions** (entries with handles): re-checked for growth every ``fuse.revalidate``
+  seconds (the engine's ``file_period``, at least :data:`MIN_FILE_PERIOD`; :meth:`Refresher.check_file`),
+  at most :data:`MAX_FILE_CHECKS` per tick.
 
 What is due is decided by :func:`due` (pure: table tests); the thread does the I/O. With more
 directories (files) in use than a tick checks, each is checked every ``ceil(n / limit)`` periods:
@@ -38,7 +39,7 @@ Growth of one open version (:meth:`Refresher.check_file`):
    file and drops its cached attributes (and, served, its pages from the old end on).
 
 The one gap: a file rewritten in place (same inode) and grown before its first check (within
-:data:`REVALIDATE_SECONDS` of the open), whose end RAM does not hold (passthrough opens never fill
+one file period, ``fuse.revalidate``, of the open), whose end RAM does not hold (passthrough opens never fill
 RAM), has no reference to compare with and is taken for grown by its times alone. Passthrough
 readers of a file rewritten in place read its new bytes from the source in any case.
 
@@ -73,6 +74,7 @@ __all__ = [
     "IDLE_POLL",
     "MAX_DIR_CHECKS",
     "MAX_FILE_CHECKS",
+    "MIN_FILE_PERIOD",
     "REVALIDATE_SECONDS",
     "Due",
     "Refresher",
@@ -92,10 +94,11 @@ DIR_USE_WINDOW = 300.0
 MAX_DIR_CHECKS = 32
 # Open file versions re-checked for growth per tick at most (one fstat each, a 4 KiB read rarely).
 MAX_FILE_CHECKS = 64
-# Seconds between growth checks of an open file version.
-# TODO(fuse.revalidate): the lead adds the setting ``fuse.revalidate`` for opens; the refresher is
-# to take its period from it once it is on main.
+# Seconds between growth checks of an open file version when none is given; the engine gives
+# ``fuse.revalidate`` (its bound, FuseConfig.revalidate_bound), at least MIN_FILE_PERIOD.
 REVALIDATE_SECONDS = 1.0
+# Shortest period of growth checks (fuse.revalidate may be 0: the thread must not spin).
+MIN_FILE_PERIOD = 0.1
 # Seconds the thread sleeps when nothing is watched (it then only looks at its own tables).
 IDLE_POLL = 1.0
 # Shortest sleep between ticks: checks falling due within it are done together.
@@ -281,7 +284,7 @@ class Refresher:
                 file = None
             if file is not None:
                 try:
-                    return os.fstat(file.fd)
+                    return self.source.fstat(file.fd)
                 finally:
                     ref.put(file)
         try:
@@ -329,7 +332,7 @@ class Refresher:
             if (file.st.st_dev, file.st.st_ino) != (st.st_dev, st.st_ino):
                 return
             data = self._read(file, offset, length)
-            after = os.fstat(file.fd)
+            after = self.source.fstat(file.fd)
         finally:
             self._give_back(entry, file, shared)
         if classify(st, after) is Change.SAME and len(data) == length:

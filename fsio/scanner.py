@@ -8,12 +8,30 @@ reader and :data:`SCAN_PARALLEL` fetches in flight (:meth:`Scanner._pump`). With
 of files each directory's readers opened is recorded and, on the next epoch or after a remount, a
 scan of that set starts on the first open.
 
-Each fetch remembers the file's metadata (:class:`MetaEntry`): for ``attr_timeout`` seconds it answers
-lookups (:meth:`Scanner.lstat`, :meth:`Scanner.lstat_many`) and the open of a file whose data is at
-hand (the engine asks :meth:`Scanner.fresh_meta`), like the kernel's own attribute cache: that is
-what makes a scan fast on high-latency storage. A file the kernel holds the pages of (opened before
-on this mount) gets only its metadata fetched (:meth:`Scanner._scan_stat`); a small file the disk
-tier holds whole keeps only its metadata and has its data file asked into the page cache.
+Each fetch remembers the file's metadata (:class:`MetaEntry`), and so does each lookup that asks the
+source (:meth:`Scanner.lstat`, :meth:`Scanner.lstat_many`). Remembered metadata answers lookups and
+the open of a file whose data is at hand (the opener asks :meth:`Scanner.meta` and :meth:`Scanner.trust`)
+under the close-to-open bound ``fuse.revalidate`` (:attr:`FuseConfig.revalidate_bound`):
+
+* younger than the bound: trusted as it is (``FRESH``: no source request);
+* older, but younger than ``attr_timeout``, fetched by a scan, and its directory verified unchanged
+  within the bound since before the metadata was fetched (``DIR``, with ``fuse.trust_unchanged_dirs``:
+  one directory stat per period shared by every file in it,
+  :meth:`fastfs.fsio.dirs.DirListings.verified`): each scan fetch remembers its directory's *basis*
+  read before its own request (a lookup's metadata has none: it is revalidated by its file's stat).
+  This is what keeps a first pass over a large directory at one request per file on storage
+  answering lookups one at a time; a scanned file rewritten in place (no rename) is its gap;
+* else the opener revalidates it with one stat of the file (:meth:`Scanner.revalidate`), never a
+  reopen: unchanged, the data held is served.
+
+A lookup's own metadata (``MetaEntry.scan`` False) answers only the one open that follows it within
+the bound (:meth:`Scanner.take`), never a lookup: so the open that follows a lookup asks the source
+nothing, each later open asks again, and a second epoch after a long pause costs one stat per file.
+A file the kernel holds the pages of (opened before on this mount) gets only its metadata fetched by
+a scan (:meth:`Scanner._scan_stat`); a small file the disk tier holds whole keeps only its metadata
+and has its data file asked into the page cache.
+Scans list their directory through the engine's listings (:mod:`fastfs.fsio.dirs`): one listing
+shared with the kernel's, and the basis the fetched files remember.
 
 Concurrency: ``_dirs_lock`` guards ``_dirs`` (the scan states, least recently used forgotten
 first); each :class:`DirScan` has its own ``lock`` guarding all of its fields. ``_meta_lock``
@@ -25,6 +43,7 @@ handle table's, path -> last version) is read without its lock: one atomic looku
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import errno
 import functools
 import os
@@ -36,9 +55,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fastfs.config.schema import ReadaheadConfig
+from fastfs.config.schema import FuseConfig, ReadaheadConfig
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import BlockCache, round_up
+from fastfs.fsio.dirs import DirListings, parent_of
 from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.fills import Fills
 from fastfs.fsio.policy import ScanPolicy
@@ -63,17 +83,25 @@ SCAN_PARALLEL = 32
 # Directories whose scan state is remembered (least recently used forgotten first). Not learn.py's
 # MAX_DIRS, which bounds the directories whose access sets are learned.
 MAX_SCAN_DIRS = 1024
-# Paths whose scan-fetched metadata is remembered.
+# Paths whose fetched metadata is remembered.
 MAX_META = 200_000
+# How remembered metadata is trusted (Scanner.trust): younger than the bound; its directory verified.
+FRESH = "fresh"
+DIR = "dir"
+
+Basis = tuple[tuple[int, int, int, int], int]  # a directory's (key, wall clock before the stat that saw it)
 
 
-@dataclass
+@dataclass(frozen=True)
 class MetaEntry:
-    """Metadata fetched by a scan: served for lookups and opens while fresh (immutable once made)."""
+    """Metadata of a regular file fetched by a scan or a lookup (immutable once made)."""
 
     st: os.stat_result
     key: FileKey
-    fetched_at: float
+    fetched_at: float  # monotonic, before the request
+    dir_basis: Basis | None = None  # its directory's state read before the request (None: unknown)
+    scan: bool = True  # fetched by a scan (answers lookups and opens); False: by a lookup (one open)
+    used: bool = False  # a lookup's metadata that answered its open already
 
 
 @dataclass
@@ -104,10 +132,11 @@ class Scanner:
         fills: Fills,
         versions: Mapping[str, FileKey],
         readahead: ReadaheadConfig,
-        trust_seconds: float,
+        fuse: FuseConfig,
         trace: DecisionLog,
         learn: AccessLog | None = None,
         clock: Callable[[], float] = time.monotonic,
+        dirs: DirListings | None = None,
     ) -> None:
         self.source = source
         self.clock = clock  # monotonic seconds (metadata freshness)
@@ -118,7 +147,10 @@ class Scanner:
         self.fills = fills  # timed preads and block completion (disk tier hand-off)
         self.versions = versions  # path -> last version opened on this mount (read without lock: a hint)
         self.readahead = readahead  # scan settings (replaced whole by reconfigure; one attribute load)
-        self.trust_seconds = trust_seconds  # fuse.attr_timeout: how long fetched metadata answers
+        self.bound = fuse.revalidate_bound  # seconds fetched metadata is trusted as it is
+        self.attr_timeout = fuse.attr_timeout  # and at most this, while its directory is verified unchanged
+        self.trust_dirs = fuse.trust_unchanged_dirs
+        self.dirs = dirs  # the engine's listings (directory verification, scan listings); None: neither
         self.trace = trace
         self.learn = learn  # the learned access sets (fastfs.fsio.learn.AccessLog) or None
         self.closed = False  # set once by close; fetches queued then do nothing
@@ -132,23 +164,91 @@ class Scanner:
         self.readahead = readahead
 
     # -- metadata ---------------------------------------------------------------------------------
-    def fresh_meta(self, path: str) -> MetaEntry | None:
-        """The scan-fetched metadata of *path* while it is younger than ``attr_timeout``, or None."""
+    def meta(self, path: str) -> MetaEntry | None:
+        """The remembered metadata of *path*, whatever its age (see :meth:`trust`), or None."""
         with self._meta_lock:
-            meta = self._meta.get(path)
-        if meta is None or self.clock() - meta.fetched_at > self.trust_seconds:
+            return self._meta.get(path)
+
+    def trust(self, path: str, meta: MetaEntry) -> str:
+        """How *meta* (of *path*) may be trusted now: :data:`FRESH` (younger than the bound), :data:`DIR`
+        (younger than ``attr_timeout`` and its directory verified unchanged within the bound since
+        before it was fetched: at most one directory stat per bound period), or "" (revalidate it)."""
+        age = self.clock() - meta.fetched_at
+        if age <= self.bound:
+            return FRESH
+        if not self.trust_dirs or age > self.attr_timeout or meta.dir_basis is None or self.dirs is None:
+            return ""
+        return DIR if self.dirs.verified(parent_of(path), self.bound) == meta.dir_basis else ""
+
+    def fresh_meta(self, path: str) -> MetaEntry | None:
+        """A scan's metadata of *path* while it may be trusted without asking the file (:meth:`trust`):
+        it answers lookups, and the scan need not fetch the file again."""
+        meta = self.meta(path)
+        if meta is None or not meta.scan or not self.trust(path, meta):
             return None
         return meta
 
+    def take(self, path: str, meta: MetaEntry) -> bool:
+        """Mark a lookup's metadata *meta* as having answered an open; False when it did already (or
+        was replaced meanwhile): each open asks the source unless the lookup just before it did."""
+        with self._meta_lock:
+            if self._meta.get(path) is not meta or meta.used:
+                return False
+            self._meta[path] = dataclasses.replace(meta, used=True)
+            return True
+
+    def revalidate(self, path: str, meta: MetaEntry) -> MetaEntry | None:
+        """One stat of *path* at the source (never an open): its metadata, remembered, when it is still
+        the version *meta* names (a scan's stays a scan's, with its directory's basis read before the
+        stat; a lookup's is marked used by the open asking), else None (the new metadata is
+        remembered as a lookup's). OSError (ENOENT...) is passed on."""
+        basis = self._basis(path) if meta.scan else None
+        before = self.clock()
+        try:
+            st = self.source.lstat(path)
+        except OSError:
+            self.forget([path])
+            raise
+        if not stat.S_ISREG(st.st_mode):
+            self.forget([path])
+            return None
+        key = stat_key(st)
+        same = key == meta.key
+        fresh = self.remember_meta(path, st, key, basis if same else None, before, scan=same and meta.scan)
+        if not same:
+            return None
+        if not fresh.scan:
+            self.take(path, fresh)
+        return fresh
+
     def lstat(self, path: str) -> os.stat_result:
+        """Lookup of *path*: a scan's trusted metadata, else the source's lstat, remembered for the one
+        open that follows (a lookup's metadata never answers another lookup: the kernel keeps what it
+        is told for entry_timeout, and a name deleted meanwhile would stay)."""
         meta = self.fresh_meta(path)
         if meta is not None:
             return meta.st
-        return self.source.lstat(path)
+        before = self.clock()
+        st = self.source.lstat(path)
+        self._remember_st(path, st, before)
+        return st
+
+    def _remember_st(self, path: str, st: os.stat_result, fetched_at: float) -> MetaEntry | None:
+        """Remember a lookup's (or a revalidation's) metadata of a regular file, without a directory
+        basis: only a scan's metadata is trusted by its directory (a file looked up alone and rewritten
+        in place is seen within the bound)."""
+        if not stat.S_ISREG(st.st_mode):
+            self.forget([path])
+            return None
+        return self.remember_meta(path, st, stat_key(st), None, fetched_at, scan=False)
+
+    def _basis(self, path: str) -> Basis | None:
+        """The basis of *path*'s directory as last seen (read before a request about *path*)."""
+        return self.dirs.basis(parent_of(path)) if self.dirs is not None else None
 
     def lstat_many(self, paths: list[str]) -> list[os.stat_result | None]:
         """lstat of each path (None where it failed), in order. On a source that is not local the
-        ones not known from a scan's metadata are asked in parallel (:data:`LSTAT_PARALLEL` at a
+        ones not known from remembered metadata are asked in parallel (:data:`LSTAT_PARALLEL` at a
         time): a directory listing with attributes then costs about one source round trip per
         :data:`LSTAT_PARALLEL` entries instead of one per entry."""
         out: list[os.stat_result | None] = [None] * len(paths)
@@ -170,7 +270,7 @@ class Scanner:
 
     def _lstat_or_none(self, path: str) -> os.stat_result | None:
         try:
-            return self.source.lstat(path)
+            return self.lstat(path)
         except OSError:
             return None
 
@@ -183,12 +283,24 @@ class Scanner:
                 )
             return self._metadata_threads
 
-    def remember_meta(self, path: str, st: os.stat_result, key: FileKey) -> None:
+    def remember_meta(
+        self,
+        path: str,
+        st: os.stat_result,
+        key: FileKey,
+        basis: Basis | None = None,
+        fetched_at: float | None = None,
+        scan: bool = True,
+    ) -> MetaEntry:
+        """Remember *path*'s metadata fetched at *fetched_at* (monotonic, before the request; None: now)
+        with its directory's *basis* read before the request (*scan*: by a scan, else a lookup)."""
+        entry = MetaEntry(st, key, self.clock() if fetched_at is None else fetched_at, basis, scan)
         with self._meta_lock:
-            self._meta[path] = MetaEntry(st, key, self.clock())
+            self._meta[path] = entry
             self._meta.move_to_end(path)
             if len(self._meta) > MAX_META:
                 self._meta.popitem(last=False)
+        return entry
 
     def forget(self, paths: list[str]) -> None:
         """Drop the metadata of *paths* (their names vanished from a listing of their directory)."""
@@ -201,17 +313,9 @@ class Scanner:
             return len(self._meta)
 
     def _stale_names(self, dir_path: str, names: Iterable[str]) -> list[str]:
-        """The names whose scan-fetched metadata is missing or expired (the rest need no fetch)."""
+        """The names whose remembered metadata is missing or may not be trusted (the rest need no fetch)."""
         prefix = dir_path.rstrip("/") + "/"
-        deadline = self.clock() - self.trust_seconds
-        out = []
-        with self._meta_lock:
-            meta = self._meta
-            for name in names:
-                entry = meta.get(prefix + name)
-                if entry is None or entry.fetched_at < deadline:
-                    out.append(name)
-        return out
+        return [name for name in names if self.fresh_meta(prefix + name) is None]
 
     # -- scans ------------------------------------------------------------------------------------
     def dir_scan(self, dir_path: str) -> DirScan:
@@ -270,7 +374,10 @@ class Scanner:
 
     def _start_scan(self, dir_path: str, ds: DirScan) -> None:
         try:
-            listing = self.source.listdir(dir_path)
+            if self.dirs is not None:  # the listing the kernel's listings share (one stat when unchanged)
+                listing = [entry[0] for entry in self.dirs.listing(dir_path)]
+            else:
+                listing = self.source.listdir(dir_path)
         except OSError:
             return
         known = len(listing)
@@ -337,6 +444,8 @@ class Scanner:
         try:
             if self.closed:
                 return
+            basis = self._basis(path)
+            before = self.clock()
             try:
                 src = self.source.open_file(path)
             except OSError:
@@ -344,7 +453,7 @@ class Scanner:
             try:
                 if src.size > self.scan_max():
                     return
-                if self._scan_meta_only(path, src):
+                if self._scan_meta_only(path, src, basis, before):
                     return
                 if src.size > 0:
                     block, created = self.cache.reserve(src.key, 0, src.size, prefetched=True)
@@ -366,7 +475,7 @@ class Scanner:
                     finally:
                         self.cache.unpin(block)
                 self.stats.add(m.SCAN_FILES)
-                self.remember_meta(path, src.st, src.key)
+                self.remember_meta(path, src.st, src.key, basis, before)
                 with ds.lock:
                     name = path.rsplit("/", 1)[1]
                     ds.sized += 1
@@ -387,18 +496,20 @@ class Scanner:
         try:
             if self.closed:
                 return
+            basis = self._basis(path)
+            before = self.clock()
             try:
                 st = self.source.lstat(path)
             except OSError:
                 return
             if stat.S_ISREG(st.st_mode) and st.st_size <= self.scan_max():
-                self.remember_meta(path, st, stat_key(st))
+                self.remember_meta(path, st, stat_key(st), basis, before)
         finally:
             with ds.lock:
                 ds.inflight -= 1
             self._pump(dir_path, ds)
 
-    def _scan_meta_only(self, path: str, src: SourceFile) -> bool:
+    def _scan_meta_only(self, path: str, src: SourceFile, basis: Basis | None, fetched_at: float) -> bool:
         """A scan's fetch of a small file the disk tier holds whole: only its metadata is kept (the
         open is answered from it, the read filled from the tier), and its data file is asked into the
         page cache ahead; it takes no RAM block, so the scan's lead is not bounded by the RAM budget."""
@@ -408,7 +519,7 @@ class Scanner:
         if not self.disk.holds(dkey, 0, src.size) or not self.disk.store.advise(dkey):
             return False
         self.stats.add(m.SCAN_FILES)
-        self.remember_meta(path, src.st, src.key)
+        self.remember_meta(path, src.st, src.key, basis, fetched_at)
         return True
 
     def check_invariants(self) -> None:

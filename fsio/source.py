@@ -18,6 +18,12 @@ to the file's first descriptor instead (slower on some sources, never an EMFILE 
 Block reads rotate over the streams (the parallel shape), or go to the first one alone
 (``single``: the sequential shape, see :mod:`fastfs.fsio.shape`).
 
+Requests counted. This module is the one place that talks to the source, so it counts what fastfs
+asks of it (:data:`~fastfs.fsio.stats.SOURCE_OPENS`, ``SOURCE_STATS``, ``SOURCE_LISTINGS``) into the
+stats the engine hands it (``Source.stats``): the number to compare with what the reader itself
+would ask (one lookup and one open per file read directly). Path walks to a parent directory are
+not counted (the source's client caches them); data reads are the pread counters.
+
 What the source is, for the choice of its access shape: its mount's type from the mount table
 (:func:`mount_type_of`, the fstype of the longest mount point holding the source root: ``ext4``,
 ``nfs4``, ``fuse.rclone``) and, for FUSE clients nobody knows, :func:`jump_probe`: the cost of a
@@ -34,11 +40,13 @@ import os
 import resource
 import stat
 import struct
+import sys
 import threading
 import time
 from typing import NamedTuple
 
 from fastfs.fsio import shape
+from fastfs.fsio import stats as m
 
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine)
 RESOLVE_NO_SYMLINKS = 0x04
@@ -96,7 +104,8 @@ class Source:
     """The source tree, reached only through descriptors beneath its root.
 
     Thread-safe: holds the immutable root descriptor, and the count of extra block-read descriptors
-    open (``stream_fds``, at most ``stream_budget``), guarded by ``_budget_lock``.
+    open (``stream_fds``, at most ``stream_budget``), guarded by ``_budget_lock``. ``stats`` (where the
+    requests are counted; None: not counted) is set once by the engine before any request.
     """
 
     def __init__(self, root: str, direct: bool = True, streams: int = 1, stream_budget: int | None = None) -> None:
@@ -110,6 +119,13 @@ class Source:
         self.stream_budget = stream_fd_budget(fd_limit()) if stream_budget is None else stream_budget
         self.stream_fds = 0
         self._budget_lock = threading.Lock()
+        self.stats: m.Stats | None = None
+
+    def count(self, kind: str) -> None:
+        """One request of *kind* (``SOURCE_OPENS``, ``SOURCE_STATS``, ``SOURCE_LISTINGS``) asked of the source."""
+        stats = self.stats
+        if stats is not None:
+            stats.add(kind)
 
     def take_stream(self) -> bool:
         """Reserve one extra block-read descriptor of the mount's budget; False when it is used up."""
@@ -178,6 +194,7 @@ class Source:
     # -- metadata ---------------------------------------------------------------------------
     def lstat(self, path: str) -> os.stat_result:
         parts = split(path)
+        self.count(m.SOURCE_STATS)
         if not parts:
             return os.stat(self.root_fd)
         fd, name = self._parent(path)
@@ -186,7 +203,13 @@ class Source:
         finally:
             os.close(fd)
 
+    def fstat(self, fd: int) -> os.stat_result:
+        """The attributes of an open source file now (one request to the source, counted)."""
+        self.count(m.SOURCE_STATS)
+        return os.fstat(fd)
+
     def listdir(self, path: str) -> list[str]:
+        self.count(m.SOURCE_LISTINGS)
         fd = self.open_rel(split(path), os.O_RDONLY | os.O_DIRECTORY)
         try:
             return os.listdir(fd)
@@ -196,9 +219,13 @@ class Source:
     def scandir(self, path: str) -> list[tuple[str, int, int]]:
         """(name, file type bits of st_mode (0 when the source does not tell), inode number) of one
         directory's entries, from one getdents pass (no stat per entry)."""
+        self.count(m.SOURCE_LISTINGS)
         fd = self.open_rel(split(path), os.O_RDONLY | os.O_DIRECTORY)
-        out = []
         try:
+            listed = _read_dirents(fd)
+            if listed is not None:
+                return listed
+            out = []
             with os.scandir(fd) as it:
                 for entry in it:
                     out.append((entry.name, _entry_type(entry), entry.inode()))
@@ -226,6 +253,7 @@ class Source:
             os.close(fd)
 
     def _xattr_fd(self, path: str) -> int:
+        self.count(m.SOURCE_OPENS)
         return self.open_rel(split(path), os.O_RDONLY | os.O_NONBLOCK)
 
     def getxattr(self, path: str, name: str) -> bytes:
@@ -252,6 +280,7 @@ class Source:
     def open_file(self, path: str) -> SourceFile:
         """Open a regular file for reading (ELOOP/ENOENT for symlinks, EISDIR etc. passed on)."""
         parts = split(path)
+        self.count(m.SOURCE_OPENS)
         fd = self.open_rel(parts, os.O_RDONLY | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
@@ -262,6 +291,59 @@ class Source:
         except BaseException:
             os.close(fd)
             raise
+
+
+class _Dirent64(ctypes.Structure):
+    """glibc's ``struct dirent`` on 64-bit Linux (what readdir(3) returns)."""
+
+    _fields_ = [
+        ("d_ino", ctypes.c_uint64),
+        ("d_off", ctypes.c_int64),
+        ("d_reclen", ctypes.c_ushort),
+        ("d_type", ctypes.c_ubyte),
+        ("d_name", ctypes.c_char * 256),
+    ]
+
+
+# d_type of readdir(3) -> file type bits (DT_UNKNOWN and the rest: 0, the kernel asks with a lookup).
+_DT_MODE = {4: stat.S_IFDIR, 8: stat.S_IFREG, 10: stat.S_IFLNK}
+_libc.fdopendir.argtypes = [ctypes.c_int]
+_libc.fdopendir.restype = ctypes.c_void_p
+_libc.readdir.argtypes = [ctypes.c_void_p]
+_libc.readdir.restype = ctypes.POINTER(_Dirent64)
+_libc.closedir.argtypes = [ctypes.c_void_p]
+_DOTS = (b".", b"..")
+
+
+def _read_dirents(fd: int) -> list[tuple[str, int, int]] | None:
+    """(name, type bits, inode) of the entries of directory *fd* from readdir(3) alone: the d_type the
+    source gave, 0 where it gave DT_UNKNOWN (``os.scandir``'s ``is_dir()`` would stat each such entry at
+    the source: a round trip per file on FUSE sources, which list without types). None where this
+    libc is not known to match (the caller falls back to ``os.scandir``)."""
+    if sys.platform != "linux" or os.uname().machine not in ("x86_64", "aarch64"):
+        return None
+    dup = os.dup(fd)
+    handle = _libc.fdopendir(dup)
+    if not handle:
+        os.close(dup)
+        return None
+    out: list[tuple[str, int, int]] = []
+    try:
+        while True:
+            ctypes.set_errno(0)
+            entry = _libc.readdir(handle)
+            if not entry:
+                err = ctypes.get_errno()
+                if err:
+                    raise OSError(err, os.strerror(err))
+                return out
+            d = entry.contents
+            name = d.d_name
+            if name in _DOTS:
+                continue
+            out.append((os.fsdecode(name), _DT_MODE.get(d.d_type, 0), d.d_ino))
+    finally:
+        _libc.closedir(handle)  # (closes the duplicate)
 
 
 def _entry_type(entry: os.DirEntry[str]) -> int:
@@ -363,6 +445,7 @@ def read_mount_type(path: str, mountinfo: str | None = None) -> str:
 def _probe_open(source: Source, parts: list[str], direct: bool) -> int:
     """A fresh handle for the jump probe: O_DIRECT (the source's page cache and read-ahead would
     answer the continuing reads), else buffered with read-ahead off for it (``POSIX_FADV_RANDOM``)."""
+    source.count(m.SOURCE_OPENS)
     if direct and hasattr(os, "O_DIRECT"):
         try:
             return source.open_rel(parts, os.O_RDONLY | os.O_DIRECT)
@@ -522,8 +605,9 @@ class SourceFile:
             direct = self._direct
             flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
             try:
+                source.count(m.SOURCE_OPENS)
                 fd = source.open_rel(self._parts, flags)
-                if os.fstat(fd).st_ino != self.st.st_ino:
+                if source.fstat(fd).st_ino != self.st.st_ino:
                     os.close(fd)
                     fd = -1
             except OSError:

@@ -57,6 +57,14 @@ BYTES_DISK_OPENED = "bytes_disk_opened"  # sizes of the files opened that way
 STREAM_FILLS = "stream_fills"  # block fills read on a file's one source stream (the sequential shape)
 STREAM_JUMPS = "stream_jumps"  # of those, fills that did not continue where the stream stood (a restart)
 TIMEOUTS = "read_timeouts"
+# What fastfs asked the source (counted in fsio/source.py, the one place that talks to it).
+SOURCE_OPENS = "source_opens"  # files opened (an open's revalidation, scan fetches, extra block-read streams)
+SOURCE_STATS = "source_stats"  # lstat / fstat of a file or directory (lookups, revalidations, listing checks)
+SOURCE_LISTINGS = "source_listings"  # directories listed
+# Opens answered without opening the source (small versions fastfs or the kernel holds).
+OPENS_FROM_META = "opens_from_metadata"  # metadata younger than fuse.revalidate: no source request
+OPENS_REVALIDATED = "opens_revalidated"  # older: one stat of the file showed the version unchanged
+OPENS_DIR_VERIFIED = "opens_dir_verified"  # older: its directory verified unchanged (fuse.trust_unchanged_dirs)
 FAST_FAILS = "reads_failed_fast"  # reads answered EIO at once: earlier reads of the file were stuck
 
 COUNTERS = (
@@ -93,6 +101,12 @@ COUNTERS = (
     STREAM_FILLS,
     STREAM_JUMPS,
     TIMEOUTS,
+    SOURCE_OPENS,
+    SOURCE_STATS,
+    SOURCE_LISTINGS,
+    OPENS_FROM_META,
+    OPENS_REVALIDATED,
+    OPENS_DIR_VERIFIED,
     FAST_FAILS,
 )
 

@@ -89,8 +89,8 @@ def test_handle_table_invariants_hold_through_opens_holds_implicit_reads_and_rel
 
 def test_engine_built_from_parts_it_receives_uses_their_clock(src, tmp_path):
     """Engine.from_parts takes the parts built elsewhere; its clock decides when an open-less reader's
-    implicit handle is revalidated (after fuse.attr_timeout)."""
-    config = make_config(tmp_path, **{"fuse.attr_timeout": "5"})
+    implicit handle is revalidated (after fuse.revalidate, the close-to-open bound)."""
+    config = make_config(tmp_path, **{"fuse.revalidate": "5"})
     stats = Stats()
     now = [1000.0]
     built = EngineParts.build(str(src), config, stats)
@@ -101,7 +101,7 @@ def test_engine_built_from_parts_it_receives_uses_their_clock(src, tmp_path):
         buf = memoryview(bytearray(4))
         engine.read_into(0, 0, buf, path="/f1")
         first = engine.handles._implicit["/f1"][2]
-        now[0] += 4.0  # within attr_timeout: the same implicit handle
+        now[0] += 4.0  # within the bound: the same implicit handle
         engine.read_into(0, 0, buf, path="/f1")
         assert engine.handles._implicit["/f1"][2] == first
         now[0] += 2.0  # past it: revalidated like an open, a new handle replaces the old one

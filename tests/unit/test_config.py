@@ -294,3 +294,28 @@ def test_negative_entries_follow_dir_timeout_unless_set(tmp_path):
     assert load_config(overrides={"fuse.dir_timeout": "3"}, use_default_path=False).fuse.negative_ttl == 3.0
     config = load_config(overrides={"fuse.dir_timeout": "3", "fuse.negative_timeout": "0"}, use_default_path=False)
     assert config.fuse.negative_ttl == 0.0  # set: its own (0: not cached)
+
+
+def test_revalidate_defaults_alias_range_and_bound():
+    """fuse.revalidate: 1 s by default, ``-o revalidate=`` and ``-o notrust_unchanged_dirs``, 0..86400,
+    and the bound fastfs answers with is never above attr_timeout."""
+    fc = Config().fuse
+    assert (fc.revalidate, fc.trust_unchanged_dirs, fc.revalidate_bound) == (1.0, True, 1.0)
+    config = load_config(None, parse_overrides(["revalidate=0.25,notrust_unchanged_dirs"]), use_default_path=False)
+    assert (config.fuse.revalidate, config.fuse.trust_unchanged_dirs) == (0.25, False)
+    assert load_config(None, parse_overrides(["revalidate=0"]), use_default_path=False).fuse.revalidate_bound == 0
+    lowered = load_config(None, parse_overrides(["attr_timeout=0.5"]), use_default_path=False)
+    assert lowered.fuse.revalidate == 1.0 and lowered.fuse.revalidate_bound == 0.5  # at most attr_timeout
+    for bad in ("-1", "86401", "soon"):
+        with pytest.raises(ConfigError, match="fuse.revalidate"):
+            load_config(None, parse_overrides([f"revalidate={bad}"]), use_default_path=False)
+
+
+def test_static_data_profiles_raise_revalidate_with_their_timeouts():
+    from fastfs.config.profiles import PROFILES, STATIC_DATA_TIMEOUT
+
+    for name in ("training", "serving"):
+        profile = PROFILES[name]
+        assert profile.values()["fuse.revalidate"] == STATIC_DATA_TIMEOUT == profile.values()["fuse.attr_timeout"]
+        assert "1 h" in profile.reasons()["fuse.revalidate"]
+    assert "fuse.revalidate" not in PROFILES["checkpoint"].values()

@@ -18,6 +18,7 @@ from fastfs.fsio.policy import (
     RangePlan,
     ScanPolicy,
     StreamPolicy,
+    listing_attributes,
 )
 
 MIB = 1024 * 1024
@@ -357,3 +358,16 @@ def test_range_plan_check_names_the_broken_invariant() -> None:
     plan._released = [(0, 40 * MIB)]
     with pytest.raises(AssertionError, match="outside"):
         plan.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("setting", "local", "attributes"),
+    [
+        (True, True, True),  # local: a stat is a cached inode read; the kernel keeps what it can
+        (True, False, False),  # network / FUSE source: a round trip per entry the kernel mostly drops
+        (False, True, False),
+        (False, False, False),
+    ],
+)
+def test_listings_carry_attributes_only_on_local_sources(setting: bool, local: bool, attributes: bool) -> None:
+    assert listing_attributes(setting, local) is attributes
