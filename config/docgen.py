@@ -201,8 +201,9 @@ def generate() -> str:
         "octal (`0644`, `644`). Unknown keys and bad values are refused with one line before anything",
         f"mounts; so is a `cache.budget` above the machine's memory (above {loader.BUDGET_WARN_SHARE:.0%} of it, a",
         "warning). `fastfs mount SRC MNT --print-config` prints the effective configuration, each value that",
-        "is not a default marked with where it came from. `config/fastfs.example.yaml` is an annotated",
-        "example file. A reload (`systemctl reload fastfs@NAME`, SIGHUP) applies the settings marked so",
+        "is not a default marked with where it came from; its output loads back as a config file, and",
+        "`fastfs mount --config FILE --print-config` validates FILE. `config/fastfs.example.yaml` is an",
+        "annotated example file. A reload (`systemctl reload fastfs@NAME`, SIGHUP) applies the settings marked so",
         "below; the others wait for the next mount.",
         "",
     ]
