@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,10 +40,12 @@ GROUP_HEAD = 34  # storage title and description above each group's bars
 BAR = 16  # height of one bar
 BAR_GAP = 4  # space between bars of a group
 GROUP_GAP = 14  # space after a group
-FOOT = 64  # axis labels and the caption under the last group
+FOOT = 50  # axis labels under the last group
+CAPTION_LINE = 13  # height of one line of the caption (the command is wrapped, never cut)
+CAPTION_CHARS = 140  # characters per caption line
 FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 # Longest storage description shown under its title (characters); longer ones are cut with an ellipsis.
-DESCRIPTION_MAX = 110
+DESCRIPTION_MAX = 145
 # The log axis spans powers of two around the data, at least MIN_X..MAX_X, at most FLOOR_X..CEIL_X
 # (speedups beyond those are clipped, their value still printed).
 MIN_X = 0.5
@@ -110,7 +113,7 @@ class Axis:
 
 
 def _text(x: float, y: float, body: str, size: int = 12, anchor: str = "start", **attrs: str) -> str:
-    extra = "".join(f" {k.replace('_', '-')}={quoteattr(v)}" for k, v in attrs.items())
+    extra = "".join(f" {k.rstrip('_').replace('_', '-')}={quoteattr(v)}" for k, v in attrs.items())
     return f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"{extra}>{escape(body)}</text>'
 
 
@@ -141,12 +144,14 @@ def render_svg(
     described = doc.get("storages", {})
     colour = {w: PALETTE[i % len(PALETTE)] for i, w in enumerate(workloads)}
     groups = [(s, [by[s, w] for w in workloads if (s, w) in by]) for s in storages]
-    height = TOP + sum(GROUP_HEAD + len(g) * (BAR + BAR_GAP) + GROUP_GAP for _, g in groups) + FOOT
     runs, scale = doc.get("runs"), doc.get("scale")
-    title = title or "fastfs speedup by kind of storage and workload (direct time / fastfs time)"
-    subtitle = f"cold runs, medians of {runs}, data scale {scale}; above 1x fastfs is faster (log scale)"
     command = doc.get("command")
     caption = caption or (f"data: {command}" if command else "data: benchmarks/bench_matrix.py --json")
+    caption_lines = textwrap.wrap(caption, CAPTION_CHARS, break_on_hyphens=False) or [""]
+    bars_height = sum(GROUP_HEAD + len(g) * (BAR + BAR_GAP) + GROUP_GAP for _, g in groups)
+    height = TOP + bars_height + FOOT + CAPTION_LINE * len(caption_lines)
+    title = title or "fastfs speedup by kind of storage and workload (direct time / fastfs time)"
+    subtitle = f"cold runs, medians of {runs}, data scale {scale}; above 1x fastfs is faster (log scale)"
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
         f'viewBox="0 0 {WIDTH} {height}" font-family="{FONT}">',
@@ -187,7 +192,8 @@ def render_svg(
     for t in axis.ticks():
         out.append(_text(x_of(t), plot_bottom + 16, f"{t:g}x", 11, "middle", fill="#444444"))
     out.append(_text(x_of(1), plot_bottom + 32, "speedup (direct / fastfs)", 11, "middle", fill="#444444"))
-    out.append(_text(12, height - 10, _short(caption, 150), 10, fill="#666666"))
+    for i, line in enumerate(caption_lines):
+        out.append(_text(12, plot_bottom + FOOT + CAPTION_LINE * i, line, 10, fill="#666666", class_="caption"))
     out.append("</svg>")
     return "\n".join(out) + "\n"
 

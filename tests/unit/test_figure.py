@@ -68,6 +68,14 @@ def test_a_small_json_makes_a_valid_svg_naming_each_row():
     assert any(DOC["command"] in t for t in every)  # the caption names the command
 
 
+def test_a_long_command_is_wrapped_never_cut():
+    command = "python benchmarks/bench_matrix.py " + " ".join(f"--option-{i} value-{i}" for i in range(40))
+    root = ET.fromstring(figure.render_svg({**DOC, "command": command}))
+    lines = [t.text for t in root.iter(SVG + "text") if t.get("class") == "caption"]
+    assert len(lines) > 1 and " ".join(lines) == f"data: {command}"
+    assert float(root.get("height")) >= max(float(t.get("y")) for t in root.iter(SVG + "text"))
+
+
 def test_bars_grow_with_the_speedup_on_both_sides_of_one():
     root = ET.fromstring(figure.render_svg(DOC))
     found = bars(root)
