@@ -32,7 +32,7 @@ from typing import Any
 
 from fastfs.config import loader, reload, render, schema
 from fastfs.config.profiles import PROFILES, Setting
-from fastfs.config.values import ConfigError, ConfigValueError
+from fastfs.config.values import ConfigError
 
 # Where the page is written in the repository (relative to its root), for the header and the test.
 DOC_PATH = "docs/configuration.md"
@@ -112,7 +112,7 @@ def validation_rules(key: str, type_name: str) -> list[str]:
     for probe in PROBES.get(type_name, ()):
         try:
             dataclasses.replace(base, **{name: probe}).validate()
-        except (ConfigError, ConfigValueError) as e:
+        except (ConfigError, ValueError, TypeError) as e:  # ConfigValueError is a ValueError
             if getattr(e, "key", None) not in (None, key) or not str(e).startswith(key):
                 continue
             rule = _GOT_RE.sub("", str(e).removeprefix(f"{key}:").strip())
