@@ -210,6 +210,16 @@ def _grid(axis: Axis, top: float, bottom: float) -> list[str]:
     return out
 
 
+EPILOG = """\
+the README's figure, in two steps (root; --scale 1 for full-size data):
+  python benchmarks/bench_matrix.py --scale 1 --runs 3 \\
+      --storage emu:base,emu:lat5,emu:serial,emu:stream \\
+      --workloads npy,torch,safetensors,small_shuffled,random4k \\
+      --json benchmarks/results/matrix.json
+  python benchmarks/figure.py benchmarks/results/matrix.json -o docs/speedup.svg
+then commit the JSON and the SVG together (the caption names the JSON's command)."""
+
+
 def _labels(items: Sequence[str]) -> dict[str, str]:
     out = {}
     for item in items:
@@ -228,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description="Draw docs/speedup.svg (speedup = direct time / fastfs time, by storage and workload) "
         "from the JSON of `bench_matrix.py --json FILE`.",
-        epilog="example: python benchmarks/figure.py benchmarks/results/matrix.json -o docs/speedup.svg",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("results", help="a JSON file written by bench_matrix.py --json FILE ('-': stdin)")
     p.add_argument("-o", "--output", default="-", help="SVG file to write (default: stdout)")
