@@ -1,15 +1,20 @@
 # fastfs: two commands on a fresh machine (Debian bookworm, root):
 #   make demo   - install what is missing, load a generated example directly and through fastfs, on emulated
 #                 latency-bound storage and on the local disk, print the speedups and stats
-#   make test   - install what is missing, lint, run the whole test suite (real FUSE mounts)
+#   make test   - install what is missing, lint, type check, run the whole test suite (real FUSE mounts)
 #   make man    - write the fastfs(1) man page to build/man/fastfs.1
+# While developing (these never call apt-get or pip: they use the tools installed, e.g. by make setup):
+#   make lint      - ruff check and ruff format --check
+#   make typecheck - mypy over the package (strict on fsio/ and daemon/kernel/, see [tool.mypy] in pyproject.toml)
+#   make unit      - the pure tests (tests/unit: no mounts, no ML libraries; seconds)
+#   make check     - lint, typecheck and unit
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 # Quiet installs: no progress, no "running pip as root" / version / script-location warnings.
 PIP_INSTALL ?= $(PIP) install -q --disable-pip-version-check --root-user-action=ignore --no-warn-script-location
 APT_GET ?= apt-get
 
-.PHONY: system-deps setup demo test lint man bench bench-deps bench-local bench-latency bench-formats bench-stats bench-disktier \
+.PHONY: system-deps setup demo test lint typecheck unit check man bench bench-deps bench-local bench-latency bench-formats bench-stats bench-disktier \
 	bench-matrix bench-floor bench-net bench-changing clean
 
 # fuse3 ships fusermount3 and libfuse3 (never Debian's "fuse": it conflicts with fuse3);
@@ -29,21 +34,40 @@ setup: system-deps
 demo: setup
 	$(PYTHON) scripts/demo.py
 
-lint: setup
+# The repository root is the package fastfs (package-dir in pyproject.toml) and a clone's folder may
+# have any name, so the checkout is made importable as fastfs through a temporary symlink named fastfs
+# on PYTHONPATH (for Python) and MYPYPATH (for mypy): $(call as_package,COMMAND) runs COMMAND so, from
+# the checkout's root. No install is needed, and it is this checkout that runs, whatever is installed.
+as_package = tmp=$$(mktemp -d) && ln -s "$(CURDIR)" "$$tmp/fastfs" && \
+	PYTHONPATH="$$tmp$${PYTHONPATH:+:$$PYTHONPATH}" MYPYPATH="$$tmp" $(1); \
+	status=$$?; rm -rf "$$tmp"; exit $$status
+
+lint:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 
-test: lint
+# Run from the symlink's folder, so errors name fastfs/<path in the checkout>. Incremental: the cache
+# in build/mypy survives the temporary symlink (a second run takes seconds).
+MYPY_CACHE ?= build/mypy
+typecheck:
+	@$(call as_package,cd "$$tmp" && $(PYTHON) -m mypy --config-file "$(CURDIR)/pyproject.toml" \
+		--cache-dir "$(abspath $(MYPY_CACHE))" -p fastfs)
+
+unit:
+	@$(call as_package,$(PYTHON) -m pytest -q tests/unit)
+
+check: lint typecheck unit
+
+# What CI runs (.ci/run) on a fresh machine: install what is missing, then everything.
+test: setup
+	$(MAKE) --no-print-directory lint typecheck
 	$(PYTHON) -m pytest -q
 
-# The fastfs(1) man page, generated from the argument parser (no install needed: the checkout is
-# imported as the package through a temporary symlink named fastfs).
+# The fastfs(1) man page, generated from the argument parser (no install needed, see as_package).
 MAN_DIR ?= build/man
 man:
 	@mkdir -p $(MAN_DIR)
-	@tmp=$$(mktemp -d) && ln -s "$(CURDIR)" "$$tmp/fastfs" && \
-		PYTHONPATH="$$tmp$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) -m fastfs.daemon.cli.manpage -o $(MAN_DIR)/fastfs.1; \
-		status=$$?; rm -rf "$$tmp"; exit $$status
+	@$(call as_package,$(PYTHON) -m fastfs.daemon.cli.manpage -o $(MAN_DIR)/fastfs.1)
 	@echo "wrote $(MAN_DIR)/fastfs.1 (read it with: man -l $(MAN_DIR)/fastfs.1)"
 
 bench: bench-local bench-latency bench-formats bench-stats bench-disktier

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
+from typing import Protocol, cast
 
 from fastfs.config.profiles import PROFILES
 from fastfs.config.values import (
@@ -358,6 +359,10 @@ class StateConfig:
         _check(64 * KIB <= self.max_bytes <= 1 * GIB, "state.max_bytes", "must be between 64K and 1G")
 
 
+class _Validated(Protocol):
+    def validate(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Config:
     """Whole configuration of one mount."""
@@ -380,7 +385,7 @@ class Config:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if dataclasses.is_dataclass(value):
-                value.validate()
+                cast(_Validated, value).validate()  # (every section dataclass validates itself)
         if self.profile:
             _check(self.profile in PROFILES, "profile", f"must be one of {', '.join(PROFILES)}")
         _check(self.readahead.max_window <= 1 * GIB, "readahead.max_window", "must be <= 1G")

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fastfs.daemon.control import (
     STATS_DIR,
@@ -52,6 +52,9 @@ from fastfs.fsio.access import Caller
 from fastfs.fsio.api import EngineAPI
 from fastfs.fsio.stats import encode_bounded, redact
 from fastfs.fsio.warm import WarmJobs
+
+if TYPE_CHECKING:
+    from fastfs.fsio.engine import Engine
 
 ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
 # Seconds an answer of an effectful request is kept for the retry of a too-small buffer.
@@ -81,7 +84,9 @@ class Controller:
         self.mount_info = dict(mount_info or {})
         self.extra = extra  # more sections of the snapshot from the adapter (no paths in them)
         self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
-        self.warms = WarmJobs(engine, hidden=(STATS_DIR,))
+        # warm jobs run inside the engine's package and use the engine itself (fsio/api.py), which is
+        # what the daemon hands over as its EngineAPI
+        self.warms = WarmJobs(cast("Engine", engine), hidden=(STATS_DIR,))
         self._lock = threading.Lock()
         self._pending: OrderedDict[tuple[str, str, int, int], tuple[float, bytes]] = OrderedDict()
 

@@ -172,9 +172,9 @@ def setup(level: str = "info", file: str | None = None, journal: bool | None = N
     *journal* forces (True) or suppresses (False) the journald format; None detects systemd.
     """
     logger = logging.getLogger(ROOT)
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-        handler.close()
+    for old in list(logger.handlers):
+        logger.removeHandler(old)
+        old.close()
     if file:
         handler: logging.Handler = _ReopenableHandler(file)
     else:

@@ -301,45 +301,45 @@ class SnapshotCollector(Collector):
 
         lat = snap.get("pread_latency") or {}
         if lat.get("buckets"):
-            fam = HistogramMetricFamily(
+            hist = HistogramMetricFamily(
                 PREFIX + "source_read_duration_seconds", "Duration of reads from the source.", labels=lbl
             )
-            fam.add_metric(val, _cumulative(lat["buckets"]), _number(lat.get("sum_seconds")) or 0.0)
-            yield fam
+            hist.add_metric(val, _cumulative(lat["buckets"]), _number(lat.get("sum_seconds")) or 0.0)
+            yield hist
         sizes = snap.get("request_sizes") or {}
         if sizes:
             # The sum of request sizes is the bytes_requested counter.
-            fam = HistogramMetricFamily(
+            hist = HistogramMetricFamily(
                 PREFIX + "read_request_size_bytes", "Size of read requests from the kernel.", labels=lbl
             )
-            fam.add_metric(val, _cumulative(sizes), _number(counters.get(fstats.BYTES_REQUESTED)))
-            yield fam
+            hist.add_metric(val, _cumulative(sizes), _number(counters.get(fstats.BYTES_REQUESTED)))
+            yield hist
 
         yield from self._plain(GaugeMetricFamily, _GAUGES, gauges)
         yield from self._plain(GaugeMetricFamily, _COUNTER_GAUGES, counters)
         yield from self._labelled(GaugeMetricFamily, _LABELLED_GAUGES, gauges)
 
         if (v := _number(snap.get("uptime_seconds"))) is not None:
-            fam = GaugeMetricFamily(PREFIX + "uptime_seconds", "Seconds since the mount started.", labels=lbl)
-            fam.add_metric(val, v)
-            yield fam
+            gauge = GaugeMetricFamily(PREFIX + "uptime_seconds", "Seconds since the mount started.", labels=lbl)
+            gauge.add_metric(val, v)
+            yield gauge
         if (v := _number(snap.get("started"))) is not None:
-            fam = GaugeMetricFamily(PREFIX + "start_time_seconds", "Unix time the mount started.", labels=lbl)
-            fam.add_metric(val, v)
-            yield fam
-        fam = GaugeMetricFamily(
+            gauge = GaugeMetricFamily(PREFIX + "start_time_seconds", "Unix time the mount started.", labels=lbl)
+            gauge.add_metric(val, v)
+            yield gauge
+        gauge = GaugeMetricFamily(
             PREFIX + "build_info", "Version of fastfs serving the mount (always 1).", labels=[LABEL, "version"]
         )
-        fam.add_metric([self._label, __version__], 1.0)
-        yield fam
+        gauge.add_metric([self._label, __version__], 1.0)
+        yield gauge
         if source := snap.get("source"):
-            fam = GaugeMetricFamily(
+            gauge = GaugeMetricFamily(
                 PREFIX + "source_info",
                 "The source's mount type and the access shape chosen for it (always 1).",
                 labels=[LABEL, "mount_type", "shape"],
             )
-            fam.add_metric([self._label, str(source.get("mount_type", "")), str(source.get("shape", ""))], 1.0)
-            yield fam
+            gauge.add_metric([self._label, str(source.get("mount_type", "")), str(source.get("shape", ""))], 1.0)
+            yield gauge
 
 
 def make_registry(snapshot_fn: Callable[[], Snapshot], mount_label: str) -> CollectorRegistry:

@@ -28,7 +28,7 @@ import resource
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastfs.config.loader import ConfigError, load_config, memory_problems, one_line, parse_listen_address
 from fastfs.config.reload import apply_live
@@ -47,6 +47,9 @@ from fastfs.daemon.mounttable import (
 )
 from fastfs.daemon.summary import summary_line
 from fastfs.fsio.api import EngineAPI
+
+if TYPE_CHECKING:
+    from fastfs.daemon.kernel.negotiate import Negotiated
 
 log = logging.getLogger("fastfs.mount")
 
@@ -291,6 +294,7 @@ class Daemon:
                 read_timeout=self.config.readahead.read_timeout,
                 on_abandon=self.ops.abandoned,
             )
+            assert self.engine is not None  # (_start_engine ran first)
             self.engine.inline_reads = True  # the watchdog bounds a read that hangs on its own thread
             self.ops.session = self.session
             try:
@@ -308,7 +312,8 @@ class Daemon:
             self._ready.set()
             self._wake.set()
 
-    def _on_init(self, negotiated: Any) -> None:
+    def _on_init(self, negotiated: Negotiated) -> None:
+        assert self.engine is not None  # (_start_engine ran first)
         self.engine.passthrough_available = negotiated.passthrough
 
     def _mark_live(self) -> None:
@@ -405,6 +410,7 @@ class Daemon:
             restart.append("mountpoint")
         new = dataclasses.replace(new, source=self.source, mountpoint=self.mountpoint)
         try:
+            assert self.engine is not None  # (a reload comes once the mount runs)
             restart += self.engine.reconfigure(new)
         except Exception as e:  # noqa: BLE001 - a failed reload must not stop the mount
             log.error("reload failed, keeping the running configuration: %s", one_line(e))

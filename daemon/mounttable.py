@@ -30,7 +30,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeGuard, TypeVar
 
 from fastfs.config.loader import one_line
 
@@ -130,7 +130,7 @@ def find_mount(path: str) -> MountEntry | None:
     return None
 
 
-def is_fastfs(entry: MountEntry | None) -> bool:
+def is_fastfs(entry: MountEntry | None) -> TypeGuard[MountEntry]:
     """True for a fastfs mount, live or dead (the kernel keeps the type of a mount whose daemon died).
 
     This is the one test of "is this a fastfs mount" the commands use: a mount of type

@@ -53,14 +53,17 @@ import stat
 import threading
 
 from fastfs.fsio.cache import invariant_checks_requested
-from fastfs.fsio.source import stat_key
+from fastfs.fsio.source import FileKey, stat_key
+
+# A node's version: the file key of a file (fsio's FileKey), (device, inode) of anything else.
+Version = FileKey | tuple[int, int]
 
 ROOT_ID = 1
 # Ids below this are reserved for the daemon's virtual nodes (its control directory).
 FIRST_ID = 16
 
 
-def version_of(st: os.stat_result) -> tuple:
+def version_of(st: os.stat_result) -> Version:
     """Identity of one version of a source object (directories: device and inode only)."""
     if stat.S_ISDIR(st.st_mode):
         return (st.st_dev, st.st_ino)

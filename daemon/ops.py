@@ -63,7 +63,7 @@ import logging
 import os
 import stat
 import threading
-from typing import Any
+from typing import Any, cast
 
 from fastfs.daemon import ownership
 from fastfs.daemon.caller import caller_of
@@ -97,6 +97,7 @@ from fastfs.fsio.changes import DirChange, Growth
 from fastfs.fsio.opening import OpenResult
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED
 from fastfs.fsio.readpath import ReplyParts
+from fastfs.fsio.source import FileKey
 
 __all__ = ["CONTROL_ID", "NOFH_STATS_SIZE", "STATS_ID", "VIRTUAL_FH_BASE", "KernelOps"]
 
@@ -287,7 +288,8 @@ class KernelOps:
         any other mismatch is ESTALE (the kernel looks the name up again and opens the new node)."""
         held = node.route if node.opens else ""  # (a hint: NodeTable.acquire settles it)
         try:
-            return self.engine.open(node.path, flags, expect=node.version, cached=node.seen, held_route=held)
+            expect = cast(FileKey, node.version)  # (a node opened is a file: its version is its FileKey)
+            return self.engine.open(node.path, flags, expect=expect, cached=node.seen, held_route=held)
         except OSError as e:
             if e.errno != errno.ESTALE or node.seen:
                 raise
@@ -348,7 +350,7 @@ class KernelOps:
         request.after = functools.partial(self.engine.release_parts, parts)
         if fh == 0:
             node = self._node(nodeid)
-            self.engine.read_into(0, offset, dest, node.path, node.version, parts)
+            self.engine.read_into(0, offset, dest, node.path, cast(FileKey, node.version), parts)  # (a file)
         else:
             self.engine.read_into(fh, offset, dest, None, None, parts)  # (positional: no keyword parsing)
         return parts.views  # RAM blocks and source bytes in file order, sent by one writev

@@ -65,11 +65,16 @@ _ACL_ENTRY = struct.Struct("<HHI")  # tag, perm, id
 
 
 class StatLike(Protocol):
-    """The fields of ``os.stat_result`` the checks read."""
+    """The fields of ``os.stat_result`` the checks read (read-only, as ``os.stat_result``'s are)."""
 
-    st_mode: int
-    st_uid: int
-    st_gid: int
+    @property
+    def st_mode(self) -> int: ...
+
+    @property
+    def st_uid(self) -> int: ...
+
+    @property
+    def st_gid(self) -> int: ...
 
 
 @dataclass(frozen=True)

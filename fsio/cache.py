@@ -70,12 +70,27 @@ def round_up(n: int, granule: int = PAGE) -> int:
     return (n + granule - 1) // granule * granule
 
 
+# A block's key: (file key, block index); a file key is any hashable (the engine's FileKey).
+BlockKey = tuple[Hashable, int]
+
+
+class EvictionListener(Protocol):
+    """A block's owner (``Block.owner``): a warm that hears of its block's eviction."""
+
+    def evicted(self, nbytes: int) -> None: ...
+
+
 class BlockFill(Protocol):
     """The fill of one block while it is queued or running (``Block.job``): a
     :class:`~fastfs.fsio.fills.Preads` or a :class:`~fastfs.fsio.disk.tier.DiskFill`."""
 
-    demand: bool  # the priority its jobs were queued with
-    jobs: Sequence[Callable[[], None]]  # its pool jobs (promoted when a reader waits for a prefetch)
+    @property
+    def demand(self) -> bool:  # the priority its jobs were queued with
+        ...
+
+    @property
+    def jobs(self) -> Sequence[Callable[[], None]]:  # its pool jobs (promoted when a reader waits for a prefetch)
+        ...
 
 
 class Block:
@@ -104,7 +119,7 @@ class Block:
         "disk_warm",
     )
 
-    def __init__(self, key: tuple, start: int, buf: mmap.mmap | bytearray, capacity: int, prefetched: bool) -> None:
+    def __init__(self, key: BlockKey, start: int, buf: mmap.mmap | bytearray, capacity: int, prefetched: bool) -> None:
         self.key = key
         self.start = start
         self.buf = buf
@@ -118,7 +133,7 @@ class Block:
         self.used = False
         self.pins = 0
         self.job: BlockFill | None = None  # the queued fill, so a waiting reader can promote it
-        self.owner: object | None = None  # a warm that wants to hear of its eviction (``owner.evicted(n)``)
+        self.owner: EvictionListener | None = None  # a warm that wants to hear of its eviction (``owner.evicted(n)``)
         self.disk_warm = False  # a disk warm writes it to the disk tier itself, waiting for queue room
 
 
@@ -135,8 +150,8 @@ class BlockCache:
         self.stats = stats  # internally synchronised
         self._lock = threading.Lock()
         # All guarded by _lock (peek reads _blocks without it, see the module docstring):
-        self._blocks: OrderedDict[tuple, Block] = OrderedDict()  # LRU order, oldest first
-        self._consumed: OrderedDict[tuple, None] = OrderedDict()  # drop-behind candidates
+        self._blocks: OrderedDict[BlockKey, Block] = OrderedDict()  # LRU order, oldest first
+        self._consumed: OrderedDict[BlockKey, None] = OrderedDict()  # drop-behind candidates
         self._by_file: dict[Hashable, set[int]] = {}  # file key -> indexes of its blocks in _blocks
         self._free: list[mmap.mmap] = []  # block_size buffers kept for reuse (charged)
         self.reserved = 0  # bytes charged: blocks (any state) + free buffers; read unlocked only as a gauge

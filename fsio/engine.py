@@ -68,6 +68,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -90,6 +91,9 @@ from fastfs.fsio.scanner import Scanner
 from fastfs.fsio.shape import Shaper, SourceFacts
 from fastfs.fsio.source import FileKey, Source, SourceFile, cached_share, jump_probe, stat_key
 from fastfs.fsio.trace import DecisionLog
+
+if TYPE_CHECKING:
+    from fastfs.fsio.learn import AccessLog
 
 __all__ = ["DISK_PASSTHROUGH_MIN", "Engine", "EngineParts", "FileEntry", "OpenResult", "ReplyParts", "default_budget"]
 
@@ -151,7 +155,7 @@ class Engine:
         self.clock = parts.clock
         self.block_size = self.cache.block_size
         self.trace = DecisionLog(log)  # --log-level debug: opens and pattern decisions, rate-limited
-        self.learn = None
+        self.learn: AccessLog | None = None
         self._saver: threading.Thread | None = None
         self._stop = threading.Event()
         if ra.learn:
@@ -359,7 +363,7 @@ class Engine:
         return entry
 
     # == for warm jobs and cache reports (fastfs.fsio.warm) ==========================================
-    def warm(self, path: str, disk: bool = False) -> dict:
+    def warm(self, path: str, disk: bool = False) -> dict[str, Any]:
         """Fetch a file or tree into the cache (*disk*: into the disk tier) now, with the daemon's own
         rights; returns the job's final progress (blocks until done). The daemon runs warms as
         background jobs instead."""
@@ -457,8 +461,8 @@ class Engine:
                 log.warning("could not save learned access sets", exc_info=True)
 
     # == control ====================================================================================
-    def snapshot(self, top: int = 10) -> dict:
-        gauges = self.cache.gauges()
+    def snapshot(self, top: int = 10) -> dict[str, Any]:  # JSON-ready (fsio/stats.py)
+        gauges: dict[str, float] = dict(self.cache.gauges())  # (the learned accuracy is a float)
         demand_q, prefetch_q = self.pool.queued()
         open_files, entries = self.handles.counts()
         streams = sequential = 0

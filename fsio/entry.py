@@ -39,11 +39,14 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fastfs.fsio.policy import RangePlan, StreamPolicy
 from fastfs.fsio.pool import FileGroup
 from fastfs.fsio.source import FileKey, SourceFile, SourceRef
+
+if TYPE_CHECKING:
+    from fastfs.fsio.disk.index import Key as DiskKey
 
 
 class HeadWindow(NamedTuple):
@@ -51,7 +54,7 @@ class HeadWindow(NamedTuple):
 
     start: int
     stop: int
-    index: int
+    index: int  # type: ignore[assignment]  # the field shadows tuple.index, which no caller uses
 
 
 class StuckReads:
@@ -154,7 +157,7 @@ class FileEntry:
         st: os.stat_result,
         source: SourceRef,
         policy: StreamPolicy,
-        dkey: tuple,
+        dkey: DiskKey,
     ) -> None:
         self.path = path
         self.key = key

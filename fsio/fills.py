@@ -60,6 +60,7 @@ from collections.abc import Callable
 
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import READY, Block, BlockCache, BlockFill, round_up
+from fastfs.fsio.disk.index import Key as DiskKey
 from fastfs.fsio.disk.tier import DiskFill, DiskTier
 from fastfs.fsio.entry import FileEntry, SourceStream
 from fastfs.fsio.pool import PreadPool
@@ -375,14 +376,14 @@ class Fills:
         finally:
             fill.entry.source.put(fill.src)
 
-    def complete_block(self, block: Block, n: int, dkey: tuple, size: int, length: int) -> None:
+    def complete_block(self, block: Block, n: int, dkey: DiskKey, size: int, length: int) -> None:
         """Mark a filled block READY (``n`` bytes) and hand it to the disk tier when the tier keeps it."""
         disk = self.disk
         keep = disk is not None and disk.keeps(dkey, block, n, length)
         if keep:
             self.cache.pin(block)  # the store's pin, taken while the block cannot be evicted yet
         self.cache.complete(block, n)
-        if keep:
+        if keep and disk is not None:
             disk.store_block(dkey, size, block, n, self.cache.unpin)
 
     # -- waiting for a fill -----------------------------------------------------------------------

@@ -110,7 +110,7 @@ class OpenResult(NamedTuple):
     """``served`` (reads come to the engine) or ``passthrough`` (the kernel reads ``backing_fd``)."""
     backing_fd: int = -1
     """For passthrough: the open descriptor to register as the backing file (valid until release)."""
-    key: FileKey | tuple = ()
+    key: FileKey | tuple[()] = ()
     """File key of the version opened."""
     st: os.stat_result | None = None
     """Attributes of the version opened."""

@@ -31,7 +31,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class PreadPool:
             self._general.notify()
             return True
 
-    def submit_prefetch_all(self, jobs: list[Job]) -> bool:
+    def submit_prefetch_all(self, jobs: Sequence[Job]) -> bool:
         """Queue several prefetch jobs together, or none of them (False: the queue has no room)."""
         with self._lock:
             if len(self._prefetch) + len(jobs) > self.prefetch_limit or self._stopping:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from typing import TYPE_CHECKING
 
 from fastfs.config.schema import ReadaheadConfig
 from fastfs.fsio import formats
@@ -60,6 +61,9 @@ from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.shape import PROBE_DUE
 from fastfs.fsio.source import DIRECT_ALIGN, HeadKey
 from fastfs.fsio.trace import DecisionLog
+
+if TYPE_CHECKING:
+    from fastfs.fsio.learn import AccessLog
 
 # Files at least this large get a format probe on first open (smaller ones are read whole anyway).
 FORMAT_MIN_SIZE = 1024 * 1024
@@ -102,7 +106,7 @@ class FormatProbe:
         block_size: int,
         readahead: ReadaheadConfig,
         trace: DecisionLog,
-        learn=None,
+        learn: AccessLog | None = None,
     ) -> None:
         self.cache = cache
         self.pool = pool

@@ -154,7 +154,7 @@ class ReadPath:
             # inside a format plan the plan alone decides what to fetch ahead: it knows where
             # the loader's ranges end, the stream policy would read on past them
             confirmed = True
-            if planned:
+            if planned and range_plan is not None:
                 ranges = range_plan.advance(offset, end)
                 confirmed = range_plan.confirmed
                 if self.cache.checking:  # debug switch (cache.check_invariants): the plan's own check

@@ -59,7 +59,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from fastfs.fsio.cache import READY, BlockCache
 from fastfs.fsio.changes import Change, Growth, classify, tail_range
@@ -109,7 +109,7 @@ NEVER = float("-inf")
 class Due(NamedTuple):
     """What :func:`due` picked."""
 
-    keys: list
+    keys: list[Any]  # of the caller's key type (a NamedTuple cannot be generic on Python 3.10)
     """The items to check now, the one checked longest ago first."""
     wake: float | None
     """Seconds until the next tick: when an item falls due, at most a period (the items due beyond

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import errno
+import functools
 import os
 import stat
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastfs.config.schema import ReadaheadConfig
 from fastfs.fsio import stats as m
@@ -43,6 +45,10 @@ from fastfs.fsio.policy import ScanPolicy
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.source import FileKey, Source, SourceFile, split, stat_key
 from fastfs.fsio.trace import DecisionLog
+
+if TYPE_CHECKING:
+    from fastfs.fsio.disk.index import Key as DiskKey
+    from fastfs.fsio.learn import AccessLog
 
 # Source lstats in flight at once for one directory listing with attributes (overlaps ~1 ms round trips).
 LSTAT_PARALLEL = 16
@@ -100,7 +106,7 @@ class Scanner:
         readahead: ReadaheadConfig,
         trust_seconds: float,
         trace: DecisionLog,
-        learn=None,
+        learn: AccessLog | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
@@ -194,7 +200,7 @@ class Scanner:
         with self._meta_lock:
             return len(self._meta)
 
-    def _stale_names(self, dir_path: str, names) -> list[str]:
+    def _stale_names(self, dir_path: str, names: Iterable[str]) -> list[str]:
         """The names whose scan-fetched metadata is missing or expired (the rest need no fetch)."""
         prefix = dir_path.rstrip("/") + "/"
         deadline = self.clock() - self.trust_seconds
@@ -301,7 +307,7 @@ class Scanner:
                 fetch = self._scan_stat if path in self.versions else self._scan_fetch
                 ds.inflight += 1
             if self.fresh_meta(path) is not None or not self.pool.submit_prefetch(
-                lambda path=path, fetch=fetch: fetch(dir_path, ds, path)
+                functools.partial(fetch, dir_path, ds, path)
             ):
                 with ds.lock:
                     ds.inflight -= 1
@@ -323,7 +329,7 @@ class Scanner:
         has no source file to read further blocks of the same version from."""
         return min(self.readahead.small_file_max, self.cache.block_size)
 
-    def _disk_key(self, path: str, key: FileKey) -> tuple:
+    def _disk_key(self, path: str, key: FileKey) -> DiskKey:
         return self.disk.key(path, key) if self.disk is not None else ()
 
     def _scan_fetch(self, dir_path: str, ds: DirScan, path: str) -> None:

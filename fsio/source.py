@@ -56,7 +56,8 @@ def _openat2(dirfd: int, rel: str, flags: int) -> int:
     how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
     buf = ctypes.create_string_buffer(how)
     path = os.fsencode(rel)
-    fd = _syscall(
+    assert _SYS_OPENAT2 is not None  # callers test it first
+    fd: int = _syscall(  # restype c_long: an int
         ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(path), buf, ctypes.c_size_t(len(how))
     )
     if fd < 0:
@@ -263,7 +264,7 @@ class Source:
             raise
 
 
-def _entry_type(entry: os.DirEntry) -> int:
+def _entry_type(entry: os.DirEntry[str]) -> int:
     try:
         if entry.is_symlink():
             return stat.S_IFLNK
@@ -308,7 +309,8 @@ def fs_type(fd: int) -> int:
     buf = ctypes.create_string_buffer(_STATFS_SIZE)
     if _libc.fstatfs(fd, buf) != 0:
         return 0
-    return struct.unpack_from("q", buf.raw)[0] & 0xFFFFFFFF
+    f_type: int = struct.unpack_from("q", buf.raw)[0]
+    return f_type & 0xFFFFFFFF
 
 
 MOUNTINFO = "/proc/self/mountinfo"
@@ -458,7 +460,7 @@ def cached_share(fd: int, size: int) -> float | None:
     rc = _syscall(ctypes.c_long(_SYS_CACHESTAT), ctypes.c_uint(fd), rng, out, ctypes.c_uint(0))
     if rc != 0:
         return None
-    nr_cache = struct.unpack_from("Q", out.raw)[0]
+    nr_cache: int = struct.unpack_from("Q", out.raw)[0]
     return min(1.0, nr_cache * 4096 / size)
 
 
@@ -490,7 +492,7 @@ class SourceFile:
         self._parts = parts
         self._streams: list[int] = []
         eligible = source is not None and st.st_size >= DIRECT_MIN_SIZE
-        self._direct: bool | None = None if eligible and source.direct else False
+        self._direct: bool | None = None if eligible and source is not None and source.direct else False
         self._max = max_streams if eligible else 0
         self._rr = 0
 
@@ -513,6 +515,7 @@ class SourceFile:
             if streams:
                 return streams[0], True
         source = self._source
+        assert source is not None  # _max > 0 only with a source
         # the racy first test keeps the budget lock off the read path once the budget is used up
         if len(self._streams) < self._max and source.stream_fds < source.stream_budget and source.take_stream():
             kept = False

@@ -72,7 +72,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastfs.fsio.access import (
     ACL_ACCESS,
@@ -89,6 +89,12 @@ from fastfs.fsio.access import (
 )
 from fastfs.fsio.cache import FAILED, READY, Block
 from fastfs.fsio.source import HeadKey, split, stat_key
+
+if TYPE_CHECKING:
+    from fastfs.fsio.disk.index import Key as DiskKey
+    from fastfs.fsio.disk.tier import DiskTier
+    from fastfs.fsio.engine import Engine
+    from fastfs.fsio.entry import FileEntry
 
 # Threads running warm jobs (their own, so a warm never holds a FUSE worker or a pread worker).
 WARM_THREADS = 2
@@ -132,7 +138,9 @@ class WarmJob:
         self.caller = caller
         self.st = st
         self.disk = disk  # fill the disk tier (fastfs warm --disk)
-        self.unconfirmed: list[tuple[tuple, int]] = []  # disk warm: (disk key, size) of files written, not yet counted
+        self.unconfirmed: list[
+            tuple[DiskKey, int]
+        ] = []  # disk warm: (disk key, size) of files written, not yet counted
         self.lock = threading.Lock()
         self.state = "queued"
         self.listed = False
@@ -202,7 +210,7 @@ class _FileWarm:
 
     path: str
     fh: int
-    entry: Any
+    entry: FileEntry
     blocks: list[Block]
     deadline: float | None
     declined: bool
@@ -213,7 +221,7 @@ class WarmJobs:
 
     def __init__(
         self,
-        engine: Any,
+        engine: Engine,
         hidden: Iterable[str] = (),
         threads: int = WARM_THREADS,
         per_caller: int = MAX_JOBS_PER_CALLER,
@@ -279,7 +287,7 @@ class WarmJobs:
                 raise OSError(errno.ENODATA, "no such warm job")
             queue = self._queues.get(job.caller.uid)
             queued = queue is not None and job in queue
-            if queued:
+            if queue is not None and queued:
                 queue.remove(job)
                 if not queue:
                     del self._queues[job.caller.uid]
@@ -340,8 +348,8 @@ class WarmJobs:
         tier.store.discard(key)
         return {"size": st.st_size, "evicted": held}
 
-    def _tier(self, path: str) -> Any:
-        tier = getattr(self.engine, "disk", None)
+    def _tier(self, path: str) -> DiskTier:
+        tier: DiskTier | None = getattr(self.engine, "disk", None)
         if tier is None:
             raise OSError(errno.ENOTSUP, "this mount has no disk tier (cache.disk_dir)", path)
         return tier
@@ -580,8 +588,9 @@ class WarmJobs:
         nblocks = -(-entry.size // engine.block_size)
         index = retries = 0
         bs = engine.block_size
+        disk = self._tier(path) if job.disk else None
         while index < nblocks:
-            if job.disk and engine.disk.holds(entry.dkey, index * bs, min(bs, entry.size - index * bs)):
+            if disk is not None and disk.holds(entry.dkey, index * bs, min(bs, entry.size - index * bs)):
                 index += 1  # on disk already: nothing to fetch (counted when the job confirms the file)
                 continue
             block = engine.warm_block(entry, index)
@@ -598,7 +607,7 @@ class WarmJobs:
                 break
             retries += 1
             # the disk tier's queued writes pin blocks until written: a disk warm waits for them
-            waits = job.disk and engine.disk.writing()
+            waits = disk is not None and disk.writing()
             if not drain() and block is None and not waits:  # nothing of ours holds the budget: it is full
                 declined = True
                 break
@@ -630,7 +639,9 @@ class WarmJobs:
                     why = "source read timed out"
                 elif block.state == READY and job.disk:
                     cache, entry = engine.cache, fw.entry
-                    on_disk = engine.disk.ensure(entry.dkey, entry.size, block, cache.pin, cache.unpin, fw.deadline)
+                    on_disk = self._tier(fw.path).ensure(
+                        entry.dkey, entry.size, block, cache.pin, cache.unpin, fw.deadline
+                    )
                     queued = queued and on_disk
                 elif block.state == READY:
                     got += block.length
@@ -671,7 +682,7 @@ class WarmJobs:
             files, job.unconfirmed = job.unconfirmed, []
         if not files:
             return
-        store = self.engine.disk.store
+        store = self._tier(job.path).store
         deadline = time.monotonic() + DISK_FLUSH_SECONDS
         for dkey, size in files:
             while store.pending(dkey) and time.monotonic() < deadline and not self._stopping() and not job.cancelled:
@@ -684,7 +695,7 @@ class WarmJobs:
 
 
 def warm_now(
-    engine: Any, path: str, caller: Caller = ROOT, hidden: Iterable[str] = (), disk: bool = False
+    engine: Engine, path: str, caller: Caller = ROOT, hidden: Iterable[str] = (), disk: bool = False
 ) -> dict[str, Any]:
     """Warm *path* as *caller* in this thread (*disk*: into the disk tier) and return the final report
     (tools and tests)."""

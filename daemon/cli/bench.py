@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -119,7 +120,8 @@ def choose(files: list[tuple[str, int]], small_max: int, large_bytes: int, small
     for rel, size in files:
         if 0 < size <= small_max:
             by_dir.setdefault(os.path.dirname(rel), []).append((rel, size))
-    small_dir, small = None, []
+    small_dir: str | None = None
+    small: list[tuple[str, int]] = []
     if by_dir:
         small_dir, small = max(by_dir.items(), key=lambda kv: (len(kv[1]), kv[0]))
         small = sorted(small)[:small_files]
@@ -342,17 +344,17 @@ def _passes(
         if cold:
             progress.start(f"{side}, {what}, cold")
             before_cold()
-            seconds, n = timed(lambda fn=fn: fn(top))
+            seconds, n = timed(functools.partial(fn, top))
             _check_bytes(name, n, expected)
             times["cold"] = seconds
             progress.end(_rate_text(seconds, amount, unit))
         else:
             progress.start(f"{side}, {what}, warm-up")
-            seconds, n = timed(lambda fn=fn: fn(top))
+            seconds, n = timed(functools.partial(fn, top))
             _check_bytes(name, n, expected)
             progress.end(_rate_text(seconds, amount, unit) + " (untimed)")
         progress.start(f"{side}, {what}, hot")
-        seconds, n = timed(lambda fn=fn: fn(top))
+        seconds, n = timed(functools.partial(fn, top))
         _check_bytes(name, n, expected)
         times["hot"] = seconds
         progress.end(_rate_text(seconds, amount, unit))
@@ -440,14 +442,14 @@ def run(
         if name not in workloads:
             doc[name] = None
             continue
-        entry: dict[str, Any] = {**what, "unit": unit, "amount": amount}
+        row: dict[str, Any] = {**what, "unit": unit, "amount": amount}
         for side, times in (("direct", direct[name]), ("fastfs", via[name])):
-            entry[side] = {
+            row[side] = {
                 phase: None if s is None else {"seconds": round(s, 6), "per_second": amount / s if s > 0 else None}
                 for phase, s in times.items()
             }
-        entry["speedup"] = {p: speedup(direct[name][p], via[name][p]) for p in ("cold", "hot")}
-        doc[name] = entry
+        row["speedup"] = {p: speedup(direct[name][p], via[name][p]) for p in ("cold", "hot")}
+        doc[name] = row
     basis = "cold" if cold else "hot"
     doc["verdict"] = verdict(
         doc["large"]["speedup"][basis] if doc["large"] else None,

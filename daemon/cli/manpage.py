@@ -95,6 +95,7 @@ def _option_term(action: argparse.Action) -> str:
     strings = ", ".join(f"\\fB{escape(s)}\\fR" for s in action.option_strings)
     if action.nargs == 0:
         return strings
+    value: str | tuple[str, ...]
     if action.choices:
         value = "{" + ",".join(str(c) for c in action.choices) + "}"
     else:

@@ -224,7 +224,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         raise CliError(error)
     if warning:
         print(f"fastfs: warning: {warning}", file=sys.stderr, flush=True)
-    kwargs = {"config_path": config_path, "overrides": overrides, "use_default_path": True}
+    kwargs: dict[str, Any] = {"config_path": config_path, "overrides": overrides, "use_default_path": True}
     with Notice(f"checking the source {source} and the mount point {mountpoint}") as notice:
         src, mnt = check_paths(source, mountpoint, nonempty=config.fuse.nonempty)
         check_other_users(config)

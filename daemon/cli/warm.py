@@ -373,7 +373,10 @@ def _warm_loop(
         reports = finished + [j.report for j in running]
         if progress is not None:
             listed = not queue and all(r.get("listed", True) for r in reports)
-            progress.show(*(sum(int(r.get(k, 0)) for r in reports) for k in _BAR_KEYS), listed=listed)
+            files_done, files_total, bytes_done, bytes_total = (
+                sum(int(r.get(k, 0)) for r in reports) for k in _BAR_KEYS
+            )
+            progress.show(files_done, files_total, bytes_done, bytes_total, listed=listed)
         if running:
             poll = POLL_FIRST if changed else min(POLL_MAX, poll * 2)
             time.sleep(poll)

@@ -54,7 +54,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from fastfs.daemon.kernel import abi
 from fastfs.daemon.kernel.abi import Op
@@ -88,6 +88,10 @@ ERROR_LOG_INTERVAL = 10.0
 MAX_PENDING_NOTIFICATIONS = 65536
 
 Handler = Callable[["Request", memoryview], Any]
+# An invalidation for the notifier: ("entry", parent node id, name) or ("inode", node id, offset, length).
+Notification = tuple[Literal["entry"], int, bytes] | tuple[Literal["inode"], int, int, int]
+# A worker's current request: (unique, opcode, started, interrupted, pid of the caller).
+Current = tuple[int, int, float, bool, int]
 # A handler's answer for requests the kernel expects no reply to.
 NO_REPLY = object()
 _HEADER = abi.IN_HEADER
@@ -125,8 +129,7 @@ class Worker:
         self.buf = bytearray(request_size)
         self.view = memoryview(self.buf)
         self.out = memoryview(mmap.mmap(-1, reply_size))
-        self.current: tuple[int, int, float, bool, int] | None = None  # (unique, opcode, started,
-        # interrupted, pid of the caller)
+        self.current: Current | None = None
         self.abandoned = False
         self.counts: dict[int, int] = {}
         self.thread: threading.Thread | None = None
@@ -154,12 +157,12 @@ class Notifier:
     def __init__(self, session: Session) -> None:
         self._session = session
         self._cond = threading.Condition()
-        self._pending: dict[tuple, None] = {}
+        self._pending: dict[Notification, None] = {}
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="fastfs-notify", daemon=True)
         self._thread.start()
 
-    def submit(self, item: tuple) -> None:
+    def submit(self, item: Notification) -> None:
         with self._cond:
             if not self._stopped and len(self._pending) < MAX_PENDING_NOTIFICATIONS:
                 self._pending[item] = None
@@ -174,11 +177,11 @@ class Notifier:
                     return
                 items = list(self._pending)
                 self._pending.clear()
-            for kind, *args in items:
-                if kind == "entry":
-                    self._session.inval_entry(*args)
-                elif kind == "inode":
-                    self._session.inval_inode(*args)
+            for item in items:
+                if item[0] == "entry":
+                    self._session.inval_entry(item[1], item[2])
+                elif item[0] == "inode":
+                    self._session.inval_inode(item[1], item[2], item[3])
 
     def stop(self) -> None:
         with self._cond:
@@ -427,7 +430,7 @@ class Session:
                     )
                     self._abandon(worker, current, errno.EIO)
 
-    def _abandon(self, worker: Worker, current: tuple, error: int) -> None:
+    def _abandon(self, worker: Worker, current: Current, error: int) -> None:
         with self._lock:
             if worker.current is not current or worker.abandoned:
                 return  # it finished meanwhile
@@ -471,7 +474,8 @@ class Session:
     def backing_open(self, fd: int) -> int:
         """Register *fd* as a passthrough backing file; returns its id (raises OSError)."""
         arg = bytearray(abi.BACKING_MAP.pack(fd, 0, 0))
-        return fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_OPEN, arg, True)
+        backing_id: int = fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_OPEN, arg, True)
+        return backing_id
 
     def backing_close(self, backing_id: int) -> None:
         try:

@@ -54,7 +54,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import Block
@@ -63,6 +63,11 @@ from fastfs.fsio.disk import store as diskstore
 from fastfs.fsio.disk.index import Key
 from fastfs.fsio.disk.store import DiskStore
 from fastfs.fsio.source import LOCAL_FS_TYPES, FileKey, HeadKey
+
+if TYPE_CHECKING:
+    from fastfs.config.schema import Config
+    from fastfs.fsio.entry import FileEntry
+    from fastfs.fsio.fills import Fills
 
 # Version of the key layout: a store written with another layout never matches (its entries age out).
 KEY_FORMAT = 1
@@ -99,7 +104,7 @@ class DiskTier:
 
     @classmethod
     def open(
-        cls, config: Any, source_root: str, source_fs_type: int, ram_budget: int, mountpoint: str = ""
+        cls, config: Config, source_root: str, source_fs_type: int, ram_budget: int, mountpoint: str = ""
     ) -> DiskTier | None:
         """The tier of ``config.cache`` (None when ``cache.disk_dir`` is empty), its write queue bounded
         to a share of ``ram_budget`` (:data:`QUEUE_RAM_SHARE`). Raises
@@ -211,15 +216,16 @@ class DiskFill:
 
     __slots__ = ("fills", "entry", "block", "start", "length", "demand", "jobs")
 
-    def __init__(self, fills: Any, entry: Any, block: Block, start: int, length: int, demand: bool) -> None:
+    def __init__(self, fills: Fills, entry: FileEntry, block: Block, start: int, length: int, demand: bool) -> None:
         self.fills, self.entry, self.block = fills, entry, block
         self.start, self.length, self.demand = start, length, demand
         self.jobs = (self,)
 
     def __call__(self) -> None:
-        fills, block = self.fills, self.block
+        fills, block, disk = self.fills, self.block, self.fills.disk
+        assert disk is not None  # only a Fills with a tier queues a DiskFill
         try:
-            n = fills.disk.read(self.entry.dkey, self.start, block.view[: self.length])
+            n = disk.read(self.entry.dkey, self.start, block.view[: self.length])
         except OSError:
             n = None
         if n != self.length:  # not held (evicted meanwhile) or failed its check: the source decides

@@ -34,7 +34,7 @@ DTYPE_SIZES = {
 def _header_length(head: bytes) -> int | None:
     if len(head) < PREFIX + 1:
         return None
-    (length,) = struct.unpack_from("<Q", head, 0)
+    length: int = struct.unpack_from("<Q", head, 0)[0]
     if not 2 <= length <= MAX_HEADER or head[PREFIX : PREFIX + 1] != b"{":
         return None
     return length
@@ -49,7 +49,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def tensor_spans(header: dict, data_size: int) -> list[tuple[int, int]] | None:
+def tensor_spans(header: dict[str, object], data_size: int) -> list[tuple[int, int]] | None:
     """``(begin, end)`` of each tensor relative to the data buffer, or ``None`` if the header is invalid."""
     spans: list[tuple[int, int]] = []
     for name, info in header.items():

@@ -2,7 +2,8 @@
 
 Every plan must lie within the file, cover every payload byte the library stored (located through the
 library itself), plan little more than the file for large-payload files, use at most two source reads, and
-never raise, whatever the bytes.
+never raise, whatever the bytes. Here rather than in tests/unit (the pure tests, seconds): the samples are
+written by torch, paddle and safetensors, whose imports alone take seconds.
 """
 
 from __future__ import annotations
