@@ -25,9 +25,6 @@ PAGES = [README, *DOCS]
 # Issue 26's targets for the README.
 MAX_WORDS = 2500
 INSTALL_WITHIN = 60
-# Links to files other branches add (ARCHITECTURE.md is written on the types branch); a link to one of
-# these may be dangling until that branch is merged. Empty this set once they exist.
-PENDING = {"ARCHITECTURE.md"}
 # Dotted words that are not settings: /etc/fuse.conf and the mount type fuse.fastfs.
 NOT_SETTINGS = {"fuse.conf", "fuse.fastfs"}
 # Misspelt on purpose: the examples of fastfs's "did you mean" messages.
@@ -63,8 +60,6 @@ def test_relative_links_lead_to_files(page: Path):
         if "://" in target:
             continue
         path = (page.parent / target).resolve()
-        if path.relative_to(ROOT).as_posix() in PENDING:
-            continue
         assert path.exists(), f"{page.name}: link to {target}, which does not exist"
 
 
