@@ -13,7 +13,8 @@ Printed: one markdown table per storage as it finishes (so a long run shows prog
 whole matrix: a compact table (workload rows x storage columns, ``direct / fastfs``), and a long
 table with times, ratio, run-to-run spread of fastfs, fetched/delivered and waste (fastfs stats),
 what the storage moved per byte of data (``src/data``) and answered (requests), and the error of
-every failed cell. ``--json FILE`` writes every cell's raw numbers as well.
+every failed cell. ``--json FILE`` writes every cell's raw numbers as well, with the command line that
+made them (``benchmarks/figure.py`` draws the README's figure from that file and prints the command under it).
 
 Run: ``python benchmarks/bench_matrix.py [--scale 0.25] [--runs 3] [--workloads random4k,@net]
 [--storage rclone,sshfs:delay=2,s3fs,emu:issue14] [--behaviours base,serial]
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from typing import Any
@@ -312,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         doc = {
+            "command": shlex.join(["python", "benchmarks/bench_matrix.py", *(sys.argv[1:] if argv is None else argv)]),
             "scale": args.scale,
             "runs": args.runs,
             "seconds": round(time.time() - started, 1),

@@ -1,10 +1,12 @@
-"""contrib/grafana/fastfs.json uses only metric and label names the daemon exports.
+"""contrib/grafana/fastfs.json, README.md and docs/ use only metric and label names the daemon exports.
 
 The exported names come from a real scrape: an engine with a disk tier reads a few files (so every
 family, the histograms and the disk tier's included, has samples), its snapshot goes through the
 daemon's registry, and the text
 is parsed with prometheus-client's parser. Every metric name in a panel's query, and every label
-the queries select, group or template on, must be among them.
+the queries select, group or template on, must be among them; so must every ``fastfs_*`` name the
+user documentation mentions (README.md and docs/*.md: the metrics and alert examples of
+docs/operations.md, the disk tier's names in docs/disk-tier.md).
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from fastfs.config import load_config
 from fastfs.daemon import metrics
 from fastfs.fsio.engine import Engine
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "contrib" / "grafana" / "fastfs.json"
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO / "contrib" / "grafana" / "fastfs.json"
+# The user documentation whose metric names must exist.
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# fastfs_* words of the documentation that are not metric names.
+NOT_METRICS = {"fastfs_stats"}  # a key of `fastfs bench --json`
 MIB = 1 << 20
 METRIC_RE = re.compile(r"\b(fastfs_[a-z0-9_]+|process_[a-z0-9_]+)\b")
 SELECTOR_LABEL_RE = re.compile(r"\{([^}]*)\}")
@@ -155,3 +162,18 @@ def test_the_name_check_catches_a_typo(exported: tuple[set[str], set[str]]) -> N
     names, _ = exported
     assert "fastfs_requested_bytes_total" in names
     assert not {m for m in METRIC_RE.findall("rate(fastfs_requested_byts_total[5m])")} <= names
+
+
+def test_docs_name_only_exported_metrics(exported: tuple[set[str], set[str]]) -> None:
+    names, _ = exported
+    # a histogram is also named by its family (fastfs_x_seconds for fastfs_x_seconds_bucket)
+    families = names | {n.rsplit("_", 1)[0] for n in names if n.endswith(("_bucket", "_sum", "_count"))}
+    mentioned = {
+        (doc.name, m)
+        for doc in DOCS
+        for m in METRIC_RE.findall(doc.read_text())
+        if m not in NOT_METRICS and not m.endswith("_")  # fastfs_disk_* names a family of names
+    }
+    assert {m for _, m in mentioned} >= {"fastfs_opens_total", "fastfs_read_timeouts_total"}, "docs lost their names"
+    unknown = sorted((doc, m) for doc, m in mentioned if m not in families)
+    assert not unknown, f"documented but not exported: {unknown}"
