@@ -65,7 +65,7 @@ Snapshot = Mapping[str, Any]
 DISK_HITS, DISK_HIT_BYTES, DISK_MISSES = "disk_hits", "disk_hit_bytes", "disk_misses"
 DISK_WRITES, DISK_BYTES_WRITTEN, DISK_WRITE_ERRORS = "disk_writes", "disk_bytes_written", "disk_write_errors"
 DISK_WRITES_DROPPED, DISK_WRITES_NO_ROOM = "disk_writes_dropped", "disk_writes_no_room"
-DISK_WRITES_SKIPPED = "disk_writes_skipped"
+DISK_WRITES_SKIPPED, DISK_COMPLETED = "disk_writes_skipped", "disk_files_completed"
 DISK_EVICTIONS, DISK_EVICTED_BYTES, DISK_CORRUPT = "disk_evictions", "disk_evicted_bytes", "disk_corrupt_dropped"
 DISK_VERIFIED, DISK_COMPLETE_FDS, DISK_CLEARED = "disk_verified_files", "disk_complete_fds", "disk_cleared"
 
@@ -120,6 +120,7 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     (DISK_MISSES, "disk_misses_total", "Disk tier reads of ranges it did not hold."),
     (DISK_WRITES, "disk_writes_total", "Writes of fetched data to the disk tier."),
     (DISK_BYTES_WRITTEN, "disk_written_bytes_total", "Bytes written to the disk tier."),
+    (DISK_COMPLETED, "disk_completed_files_total", "Files the disk tier came to hold whole (all written, journalled)."),
     (DISK_WRITE_ERRORS, "disk_write_errors_total", "Writes to the disk tier that failed with an OS error."),
     (DISK_EVICTIONS, "disk_evictions_total", "Files evicted from the disk tier (LRU, budget, free-space floor)."),
     (DISK_EVICTED_BYTES, "disk_evicted_bytes_total", "Bytes evicted from the disk tier."),

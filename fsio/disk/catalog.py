@@ -32,6 +32,7 @@ HIT_BYTES = "disk_hit_bytes"  # bytes served by them
 MISSES = "disk_misses"  # read_into calls for ranges not held
 WRITES = "disk_writes"  # puts written and recorded
 BYTES_WRITTEN = "disk_bytes_written"
+COMPLETED = "disk_files_completed"  # entries a write made complete (every chunk written and journalled)
 WRITES_DROPPED = "disk_writes_dropped"  # puts declined: write queue full (backpressure)
 WRITES_NO_ROOM = "disk_writes_no_room"  # puts not written: budget or free-space floor, nothing left to evict
 WRITES_SKIPPED = "disk_writes_skipped"  # puts not taken: already held, unaligned, or closing
@@ -48,6 +49,7 @@ COUNTERS = (
     MISSES,
     WRITES,
     BYTES_WRITTEN,
+    COMPLETED,
     WRITES_DROPPED,
     WRITES_NO_ROOM,
     WRITES_SKIPPED,

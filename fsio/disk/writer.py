@@ -10,10 +10,13 @@ done in order by one thread) run three kinds of job:
   (the budget and the entry cap: :meth:`~.space.Space.make_room_locked`, charging the write as in
   flight; the free-space floor: :meth:`~.space.Space.reserve`), create the data file when the entry
   has none, ``pwritev`` the view itself (no copy), call ``release``, then journal the chunks (with
-  the ``ENTRY`` record for a new data file). A chunk is recorded as held (in RAM, then in the
-  journal) only after its ``pwritev`` returned. With ``verify_min``, an entry at least that large is
-  queued for verification as soon as its last chunk is written (its pages are still in the page
-  cache, so the read-back is cheap), so the next open in the same process can pass through at once.
+  the ``ENTRY`` record for a new data file). A chunk is recorded as held (in the journal, then in
+  RAM) only after its ``pwritev`` returned; the put that makes an entry complete counts it
+  (``disk_files_completed``): the journal then describes it whole, so a restart serves it even after
+  a kill -9 (bytes written say nothing of that: a file's head can be written long before its tail).
+  With ``verify_min``, an entry at least that large is queued for verification as soon as its last
+  chunk is written (its pages are still in the page cache, so the read-back is cheap), so the next
+  open in the same process can pass through at once.
 * **Verifications** (``verify``: :meth:`~.reads.Reader.verify`), queued by ``complete_fd`` or by a
   put that completed a large entry.
 * **Drops** (``drops``, done by whichever writer wakes first): the data files of entries taken out
@@ -44,6 +47,7 @@ from typing import Any
 from fastfs.fsio.disk import index
 from fastfs.fsio.disk.catalog import (
     BYTES_WRITTEN,
+    COMPLETED,
     WRITE_ERRORS,
     WRITES,
     WRITES_DROPPED,
@@ -342,9 +346,12 @@ class Writers:
                 catalog.unreserve_locked(reserved)
                 reserved = 0
                 if entry.live:
+                    was_complete = entry.complete
                     catalog.mark_locked(entry, first, crcs)
                     counters[WRITES] += 1
                     counters[BYTES_WRITTEN] += n
+                    if entry.complete and not was_complete:
+                        counters[COMPLETED] += 1  # journalled whole: a restart (even after kill -9) serves it
                     if 0 < self.verify_min <= size and entry.complete and entry.verified is None:
                         self.queue_verify_locked(entry)  # its pages are still in the page cache: cheap now
             done = True

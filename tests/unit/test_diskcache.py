@@ -219,6 +219,28 @@ def test_verify_min_verifies_large_files_as_soon_as_complete(tmp_path):
         store.close()
 
 
+def test_files_completed_counts_entries_journalled_whole_not_bytes_written(tmp_path):
+    store = open_store(tmp_path / "c")
+    try:
+        a, b = content("head-a", BLOCK + 11), content("whole-b", 3073)
+        akey, bkey = make_key(1, len(a)), make_key(2, len(b))
+        assert store.put(akey, len(a), 0, memoryview(a)[:BLOCK], lambda: None)
+        assert store.flush(30)
+        s = store.stats()
+        assert s[diskcache.BYTES_WRITTEN] == BLOCK and s[diskcache.COMPLETED] == 0  # a head alone: no file whole
+        assert store.put(bkey, len(b), 0, memoryview(b), lambda: None)
+        assert store.put(akey, len(a), BLOCK, memoryview(a)[BLOCK:], lambda: None)
+        assert store.flush(30) and store.stats()[diskcache.COMPLETED] == 2
+        assert not store.put(akey, len(a), BLOCK, memoryview(a)[BLOCK:], lambda: None)  # held: not counted again
+        assert store.flush(30) and store.stats()[diskcache.COMPLETED] == 2
+        # counted means journalled whole: the journal as a kill -9 would leave it (no close) holds both whole
+        with open(os.path.join(store.path, diskdir.JOURNAL), "rb") as f:
+            rep = diskindex.replay(f.read())
+        assert sorted(e.key for e in rep.entries.values() if e.complete) == sorted([akey, bkey])
+    finally:
+        store.close()
+
+
 def test_advise_asks_a_held_file_into_the_page_cache(tmp_path):
     store = open_store(tmp_path / "c")
     try:
