@@ -38,7 +38,10 @@ answered yet, as a passthrough reply carries the id.
 
 Concurrency: ``_lock`` guards ``_by_id``, ``_current``, ``_names`` and ``_next_id`` (all writes) and every
 node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen`` (read and written
-under it, see :meth:`NodeTable.acquire`), ``version`` and ``st`` (written under it). A node's
+under it, see :meth:`NodeTable.acquire`), ``version`` and ``st`` (written under it). ``kernel_size``
+is a hint written without the lock by the adapter as it answers (one int store; set to -1 under the
+lock by :meth:`NodeTable.rebind` and :meth:`NodeTable.grew`): a race costs at most one handover
+skipped or a store the kernel's page cache refuses to mark up to date, never a wrong byte. A node's
 ``nodeid``, ``parent``, ``name`` and ``path`` never change. Read without the lock, on purpose:
 ``_by_id`` in :meth:`NodeTable.get` and ``_current`` in :meth:`NodeTable.current` (one dict lookup,
 atomic in CPython; a node found may be forgotten right after, which a later request naming it
@@ -74,7 +77,20 @@ def join(parent_path: str, name: str) -> str:
 class Node:
     """One version of one source object as the kernel knows it."""
 
-    __slots__ = ("nodeid", "parent", "name", "path", "version", "st", "nlookup", "opens", "route", "backing", "seen")
+    __slots__ = (
+        "nodeid",
+        "parent",
+        "name",
+        "path",
+        "version",
+        "st",
+        "nlookup",
+        "opens",
+        "route",
+        "backing",
+        "seen",
+        "kernel_size",
+    )
     # ``version`` and ``st`` change only through NodeTable.rebind, before the node's first open, and
     # NodeTable.grew, when the file only grew.
 
@@ -90,6 +106,10 @@ class Node:
         self.route = ""  # route of the open handles ("served" or "passthrough"), "" when none
         self.backing = 0  # passthrough backing id shared by the open handles (0: none)
         self.seen = False  # opened before: the kernel may hold pages of this version
+        # The size in the kernel's cached attributes of this node: what the last reply carrying them said
+        # (the entry reply that made the node, then LOOKUP/READDIRPLUS/GETATTR replies, which the adapter
+        # records); -1 after the kernel was told to drop them (rebind, grew) until a reply gives them again.
+        self.kernel_size = st.st_size
 
     @property
     def is_dir(self) -> bool:
@@ -189,6 +209,7 @@ class NodeTable:
             if node.seen or node.opens or node.nodeid == ROOT_ID or not stat.S_ISREG(st.st_mode):
                 return False
             node.version, node.st = version_of(st), st
+            node.kernel_size = -1  # the kernel holds the old version's attributes until it asks again
             if self._by_id.get(node.nodeid) is node:
                 self._current[node.path] = node
             if self.checking:
@@ -209,6 +230,7 @@ class NodeTable:
             ):
                 return False
             node.version, node.st = version_of(st), st
+            node.kernel_size = -1  # the kernel holds the old size until it asks again
             if self.checking:
                 self._check_locked()
             return True
