@@ -52,13 +52,20 @@ _syscall.restype = ctypes.c_long
 _openat2_works: bool | None = None
 
 
+_OPEN_HOW = struct.Struct("QQQ")  # struct open_how: flags, mode, resolve
+_NR_OPENAT2 = ctypes.c_long(_SYS_OPENAT2 or 0)
+_HOW_SIZE = ctypes.c_size_t(_OPEN_HOW.size)
+# open_how buffers by open flags, built once (the kernel only reads them): an open is on every OPEN's
+# path, and building the buffer and the ctypes arguments anew cost a few microseconds each time.
+_HOWS: dict[int, ctypes.Array[ctypes.c_char]] = {}
+
+
 def _openat2(dirfd: int, rel: str, flags: int) -> int:
-    how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
-    buf = ctypes.create_string_buffer(how)
-    path = os.fsencode(rel)
-    fd = _syscall(
-        ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(path), buf, ctypes.c_size_t(len(how))
-    )
+    buf = _HOWS.get(flags)
+    if buf is None:
+        how = _OPEN_HOW.pack(flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
+        buf = _HOWS.setdefault(flags, ctypes.create_string_buffer(how, len(how)))
+    fd = _syscall(_NR_OPENAT2, ctypes.c_int(dirfd), os.fsencode(rel), buf, _HOW_SIZE)
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), rel)
