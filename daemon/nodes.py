@@ -54,6 +54,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections.abc import Iterable
 
 from fastfs.fsio.cache import invariant_checks_requested
 from fastfs.fsio.source import stat_key
@@ -166,28 +167,35 @@ class NodeTable:
 
     def forget(self, nodeid: int, count: int) -> None:
         """The kernel dropped *count* references to *nodeid*."""
-        if nodeid == ROOT_ID:
-            return
+        self.forget_many(((nodeid, count),))
+
+    def forget_many(self, items: Iterable[tuple[int, int]]) -> None:
+        """The kernel dropped references: (node id, count) pairs (a BATCH_FORGET), under one lock."""
         with self._lock:
-            node = self._by_id.get(nodeid)
-            if node is None:
-                return
-            node.nlookup -= count
-            if node.nlookup <= 0:
-                del self._by_id[nodeid]
-                if self._current.get(node.path) is node:
-                    del self._current[node.path]
-                names = self._names.get(node.parent)
-                if names is not None:
-                    left = names.get(node.name, 0) - 1
-                    if left > 0:
-                        names[node.name] = left
-                    else:
-                        names.pop(node.name, None)
-                        if not names:
-                            del self._names[node.parent]
+            by_id = self._by_id
+            for nodeid, count in items:
+                node = by_id.get(nodeid)
+                if node is None or nodeid == ROOT_ID:
+                    continue
+                node.nlookup -= count
+                if node.nlookup <= 0:
+                    self._drop_locked(node)
             if self.checking:
                 self._check_locked()
+
+    def _drop_locked(self, node: Node) -> None:
+        del self._by_id[node.nodeid]
+        if self._current.get(node.path) is node:
+            del self._current[node.path]
+        names = self._names.get(node.parent)
+        if names is not None:
+            left = names.get(node.name, 0) - 1
+            if left > 0:
+                names[node.name] = left
+            else:
+                names.pop(node.name, None)
+                if not names:
+                    del self._names[node.parent]
 
     def current(self, path: str) -> Node | None:
         """The node of the newest version looked up at *path* (None if the kernel holds none)."""

@@ -231,8 +231,7 @@ class KernelOps:
         return NO_REPLY
 
     def batch_forget(self, request: Request, r: BatchForgetIn) -> object:
-        for nodeid, nlookup in r.items:
-            self.nodes.forget(nodeid, nlookup)
+        self.nodes.forget_many(r.items)  # one pass under the table's lock
         return NO_REPLY
 
     def getattr(self, request: Request, r: GetattrIn) -> bytes:

@@ -91,7 +91,10 @@ def fd_limit() -> int:
 
 
 def split(path: str) -> list[str]:
-    """FUSE path ``/a/b`` -> ``["a", "b"]``; rejects ``..`` and empty components."""
+    """FUSE path ``/a/b`` -> ``["a", "b"]``; rejects ``..`` and empty components. (Every open splits
+    its path: a path of plain components, the daemon's own, is split without a pass over its parts.)"""
+    if path[:1] == "/" and "/." not in path and "//" not in path and path[-1:] != "/":
+        return path[1:].split("/")
     parts = [p for p in path.split("/") if p and p != "."]
     if any(p == ".." for p in parts):
         raise OSError(errno.EACCES, "path escapes the source", path)
