@@ -51,8 +51,9 @@ The open walk (the engine's side is in :mod:`fastfs.fsio.opening`, which decides
 
 *Served* opens are read through the engine; *passthrough* opens hand a descriptor to the kernel
 (``FUSE_DEV_IOC_BACKING_OPEN``) so reads and mmap go straight to that file and never reach the
-daemon. The node table keeps the route and backing id while a node has open handles; the id is
-closed after its last release.
+daemon. The node table keeps the route and backing id while a node has open handles; an id of the
+source file stays registered after the last release, for the node's next open (bounded; closed when
+the node is forgotten, see :mod:`fastfs.daemon.nodes`), a disk-tier copy's is closed then.
 
 Control channel: the ``/.fastfs`` directory (:mod:`fastfs.daemon.controlfs`) and the
 ``user.fastfs.*`` extended attributes (stats, warm jobs, cache reports, evictions), both answered by
@@ -227,12 +228,19 @@ class KernelOps:
         return self.replies.entry(node.nodeid, st)
 
     def forget(self, request: Request, r: ForgetIn) -> object:
-        self.nodes.forget(request.nodeid, r.nlookup)
+        self._close_backing(self.nodes.forget(request.nodeid, r.nlookup))
         return NO_REPLY
 
     def batch_forget(self, request: Request, r: BatchForgetIn) -> object:
-        self.nodes.forget_many(r.items)  # one pass under the table's lock
+        self._close_backing(self.nodes.forget_many(r.items))  # one pass under the table's lock
         return NO_REPLY
+
+    def _close_backing(self, ids: list[int]) -> None:
+        """Close the kept backing ids of forgotten nodes (see the node table's kept backing ids)."""
+        session = self.session
+        if session is not None:
+            for backing in ids:
+                session.backing_close(backing)
 
     def getattr(self, request: Request, r: GetattrIn) -> bytes:
         nodeid = request.nodeid
@@ -370,7 +378,7 @@ class KernelOps:
             except OSError as e:
                 refused = e.strerror or str(e)
             else:
-                used = self.nodes.attach_backing(node, backing)
+                used = self.nodes.attach_backing(node, backing, keep=not opened.on_disk)
                 if used != backing:
                     session.backing_close(backing)
                 backing = used
