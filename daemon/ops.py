@@ -317,7 +317,8 @@ class KernelOps:
             self._handles[fh] = node
         if route == ROUTE_PASSTHROUGH:
             return replies.open_reply(fh, PASSTHROUGH_OPEN, backing)
-        if self.session is not None and opened.st is not None:
+        if not kernel_pages and self.session is not None and opened.st is not None:  # (decide: never
+            # for a node opened before; the hot re-open skips gathering the facts)
             facts = handover.OpenFacts(
                 route, opened.st.st_size, self.engine.ram_head(fh), node.kernel_size, kernel_pages, rebound
             )

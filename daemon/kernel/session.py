@@ -97,7 +97,8 @@ _OUT_SIZE = _OUT.size
 
 
 class Request:
-    """One request being served: its header fields and the worker serving it."""
+    """One request being served: its header fields and the worker serving it. Each worker has one,
+    refilled for every request it reads (a handler must not keep it past its return)."""
 
     __slots__ = ("unique", "opcode", "nodeid", "uid", "gid", "pid", "worker", "after")
 
@@ -303,7 +304,10 @@ class Session:
         view = worker.view
         counts = worker.counts
         unpack = _HEADER.unpack_from
+        pack = _OUT.pack
+        writev = os.writev
         monotonic = time.monotonic
+        request = Request(0, 0, 0, 0, 0, 0, worker)  # refilled per request (no object per request)
         try:
             while not worker.abandoned:
                 try:
@@ -326,7 +330,8 @@ class Session:
                     if opcode not in abi.NO_REPLY_OPS:
                         self._send(fd, unique, -errno.ENOSYS, ())
                     continue
-                request = Request(unique, opcode, nodeid, uid, gid, pid, worker)
+                request.unique, request.opcode, request.nodeid = unique, opcode, nodeid
+                request.uid, request.gid, request.pid, request.after = uid, gid, pid, None
                 worker.current = (unique, opcode, monotonic(), False, pid)
                 try:
                     reply = handler(request, view[_HEADER_SIZE:length])
@@ -344,7 +349,12 @@ class Session:
                 try:
                     if worker.abandoned:
                         break  # the watchdog answered this request already
-                    if error:
+                    if type(reply) is bytes:  # the common answer, one payload: written here (no call of _send)
+                        try:
+                            writev(fd, (pack(_OUT_SIZE + len(reply), 0, unique), reply))
+                        except OSError as e:
+                            self._reply_failed(e)
+                    elif error:
                         self._send(fd, unique, -error, ())
                     elif reply is None:
                         self._send(fd, unique, 0, ())
@@ -378,10 +388,13 @@ class Session:
         try:
             os.writev(fd, [_OUT.pack(size, error, unique), *payload])
         except OSError as e:
-            # ENOENT: the kernel no longer waits for this request (interrupted, or answered by the
-            # watchdog); ENODEV: the connection is gone
-            if e.errno not in (errno.ENOENT, errno.ENODEV):
-                self._errors.error(("reply", e.errno), "FUSE reply failed: %s", e.strerror)
+            self._reply_failed(e)
+
+    def _reply_failed(self, e: OSError) -> None:
+        # ENOENT: the kernel no longer waits for this request (interrupted, or answered by the
+        # watchdog); ENODEV: the connection is gone
+        if e.errno not in (errno.ENOENT, errno.ENODEV):
+            self._errors.error(("reply", e.errno), "FUSE reply failed: %s", e.strerror)
 
     # -- interrupts and the watchdog ------------------------------------------------------------
     def interrupt(self, unique: int) -> bool:
