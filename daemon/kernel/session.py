@@ -6,7 +6,9 @@ clone of the descriptor (``FUSE_DEV_IOC_CLONE``: the kernel hands requests to an
 expects each reply on the descriptor its request was read from) and loops: read one request into
 its own buffer, parse the header, call the handler for the opcode, write the reply with one
 ``os.writev`` of a header and the handler's buffers (payload bytes are never joined or copied
-here). A read of ``ENODEV`` means the connection is gone (unmounted or aborted): the worker ends.
+here). Per request the loop allocates nothing but the header's fields and the body's view: the
+worker's one :class:`Request` is refilled, and a single-bytes reply is written inline. A read of
+``ENODEV`` means the connection is gone (unmounted or aborted): the worker ends.
 
 Handlers are plain callables ``handler(request, body) -> reply`` from the operations adapter, where
 ``body`` is a view of the request after its header, valid only during the call. A reply is a
