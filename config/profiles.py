@@ -83,6 +83,12 @@ PROFILES: dict[str, Profile] = {
                 Setting("readahead.small_file_max", 4 * MIB, "samples up to 4 MiB (large JPEGs, clips) fetched whole"),
                 Setting("readahead.learn", True, "replay each directory's access set from the next epoch's first open"),
                 Setting("cache.workers", 32, "many small reads in flight hide per-file round trips"),
+                Setting(
+                    "fuse.no_open",
+                    True,
+                    "no OPEN/RELEASE round trips: re-reads come from the page cache; opens are not"
+                    " revalidated, so a changed file is seen after attr_timeout (no passthrough: reads are served)",
+                ),
             ),
         ),
         Profile(

@@ -138,8 +138,12 @@ class FuseConfig:
     umask: Mode = 0
     """Bits cleared from every shown mode after file_mode / dir_mode, e.g. 022 or 077 (0: none)."""
     no_open: bool = False
-    """Answer open with ENOSYS so the kernel skips OPEN/RELEASE (faster small-file re-reads, but no
-    close-to-open revalidation: a changed source file is seen only after attr_timeout)."""
+    """Answer open with ENOSYS so the kernel skips OPEN/RELEASE for good (``--profile training`` sets
+    it). Gains: a re-read of a file whose pages the kernel holds makes no request at all (the kernel
+    keeps its page cache, as with keep_cache). Trade: opens are not revalidated (no close-to-open: a
+    changed source file is seen only after attr_timeout, when the kernel asks for its attributes
+    again), and without an open there is no passthrough: every read the kernel does not answer from
+    its page cache is served by fastfs."""
     threads: int = 16
     """Threads serving kernel requests, each on its own clone of the connection."""
     passthrough: str = "auto"

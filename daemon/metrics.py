@@ -90,6 +90,16 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
         "Cached bytes dropped because a user asked (fastfs warm --evict).",
     ),
     (fstats.READ_REQUESTS, "read_requests_total", "Read requests received from the kernel."),
+    (
+        fstats.OPENS_HANDED,
+        "handed_over_opens_total",
+        "Served opens whose small file was put into the kernel's page cache before the reply.",
+    ),
+    (
+        fstats.BYTES_HANDED,
+        "handed_over_bytes_total",
+        "Bytes put into the kernel's page cache at open (read there without a READ; also in requested).",
+    ),
     (fstats.PREADS, "source_reads_total", "Reads issued to the source."),
     (fstats.PREAD_ERRORS, "source_read_errors_total", "Reads from the source that failed."),
     (fstats.EVICTIONS, "cache_evictions_total", "RAM cache blocks evicted to stay within the budget."),

@@ -28,6 +28,14 @@ Growth. A file that was only appended to stays the same version for the handles 
 :mod:`fastfs.fsio.refresh`): :meth:`NodeTable.grew` moves the node's attributes and version to the
 grown file, so an ``fstat`` shows the new size and a later open of the node expects the grown file.
 
+Kept backing ids. A passthrough backing id registered for the node's source file (not the disk tier's
+copy, whose file the tier may replace) is kept registered after the node's last release
+(``kept``, at most :data:`MAX_KEPT_BACKING` nodes, least recently released closed first): the next
+passthrough open of the node passes it again (the node stands for one version, and the backing file
+is that version's file, also once it grew), so a hot open + close costs no BACKING_OPEN and no
+BACKING_CLOSE. A kept id is closed when its node is forgotten (:meth:`NodeTable.forget_many`
+returns it) or evicted by a newer one (:meth:`NodeTable.released` returns it).
+
 Routes. The kernel requires every open handle of one inode to use the same route (served or
 passthrough) and, passing through, the same backing file: the first open of a node sets its route
 (:meth:`NodeTable.acquire`), later ones join it while any is open (``join``: the engine then decides
@@ -36,9 +44,13 @@ that open again for the held route), and the backing id registered first is the 
 that has no backing id falls back to served (:meth:`NodeTable.fall_back`): none of its handles was
 answered yet, as a passthrough reply carries the id.
 
-Concurrency: ``_lock`` guards ``_by_id``, ``_current``, ``_names`` and ``_next_id`` (all writes) and every
-node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen`` (read and written
-under it, see :meth:`NodeTable.acquire`), ``version`` and ``st`` (written under it). A node's
+Concurrency: ``_lock`` guards ``_by_id``, ``_current``, ``_names``, ``_kept`` and ``_next_id`` (all
+writes) and every node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen``,
+``keepable``, ``kept`` (read and written under it, see :meth:`NodeTable.acquire`), ``version`` and
+``st`` (written under it). ``kernel_size`` is a hint written without the lock by the adapter as it
+answers (one int store; set to -1 under the lock by :meth:`NodeTable.rebind` and
+:meth:`NodeTable.grew`): a race costs at most one handover skipped, or a store that sets the
+kernel's size to the version's own (its bytes are that version's), never a wrong byte. A node's
 ``nodeid``, ``parent``, ``name`` and ``path`` never change. Read without the lock, on purpose:
 ``_by_id`` in :meth:`NodeTable.get` and ``_current`` in :meth:`NodeTable.current` (one dict lookup,
 atomic in CPython; a node found may be forgotten right after, which a later request naming it
@@ -51,6 +63,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections.abc import Iterable
 
 from fastfs.fsio.cache import invariant_checks_requested
 from fastfs.fsio.source import FileKey, stat_key
@@ -61,6 +74,11 @@ Version = FileKey | tuple[int, int]
 ROOT_ID = 1
 # Ids below this are reserved for the daemon's virtual nodes (its control directory).
 FIRST_ID = 16
+# Passthrough backing ids kept registered after their node's last release, at most (least recently
+# released closed first): a re-open of a kept node passes its id again without a BACKING_OPEN and the
+# last release without a BACKING_CLOSE (two ioctls per open + close); each holds one source file open
+# in the kernel until its node is forgotten.
+MAX_KEPT_BACKING = 1024
 
 
 def version_of(st: os.stat_result) -> Version:
@@ -77,7 +95,22 @@ def join(parent_path: str, name: str) -> str:
 class Node:
     """One version of one source object as the kernel knows it."""
 
-    __slots__ = ("nodeid", "parent", "name", "path", "version", "st", "nlookup", "opens", "route", "backing", "seen")
+    __slots__ = (
+        "nodeid",
+        "parent",
+        "name",
+        "path",
+        "version",
+        "st",
+        "nlookup",
+        "opens",
+        "route",
+        "backing",
+        "seen",
+        "kernel_size",
+        "keepable",
+        "kept",
+    )
     # ``version`` and ``st`` change only through NodeTable.rebind, before the node's first open, and
     # NodeTable.grew, when the file only grew.
 
@@ -93,6 +126,12 @@ class Node:
         self.route = ""  # route of the open handles ("served" or "passthrough"), "" when none
         self.backing = 0  # passthrough backing id shared by the open handles (0: none)
         self.seen = False  # opened before: the kernel may hold pages of this version
+        # The size in the kernel's cached attributes of this node: what the last reply carrying them said
+        # (the entry reply that made the node, then LOOKUP/READDIRPLUS/GETATTR replies, which the adapter
+        # records); -1 after the kernel was told to drop them (rebind, grew) until a reply gives them again.
+        self.kernel_size = st.st_size
+        self.keepable = False  # the open handles' backing id may be kept after their last release
+        self.kept = 0  # a backing id kept registered while no handle is open (0: none)
 
     @property
     def is_dir(self) -> bool:
@@ -105,8 +144,12 @@ class Node:
 class NodeTable:
     """Node ids of the versions the kernel currently knows (see the module docstring)."""
 
-    def __init__(self, root_st: os.stat_result, check_invariants: bool = False) -> None:
+    def __init__(
+        self, root_st: os.stat_result, check_invariants: bool = False, max_kept: int = MAX_KEPT_BACKING
+    ) -> None:
         self._lock = threading.Lock()
+        self.max_kept = max_kept  # immutable
+        self._kept: dict[int, None] = {}  # node ids holding a kept backing id, least recently released first
         # Run check_invariants under the lock after every change (debug: config cache.check_invariants
         # or FASTFS_CHECK_INVARIANTS=1, as for the block cache); immutable.
         self.checking = check_invariants or invariant_checks_requested()
@@ -147,30 +190,44 @@ class NodeTable:
                 self._check_locked()
             return node
 
-    def forget(self, nodeid: int, count: int) -> None:
-        """The kernel dropped *count* references to *nodeid*."""
-        if nodeid == ROOT_ID:
-            return
+    def forget(self, nodeid: int, count: int) -> list[int]:
+        """The kernel dropped *count* references to *nodeid*; returns backing ids to close."""
+        return self.forget_many(((nodeid, count),))
+
+    def forget_many(self, items: Iterable[tuple[int, int]]) -> list[int]:
+        """The kernel dropped references: (node id, count) pairs (a BATCH_FORGET), under one lock.
+        Returns the kept backing ids of the nodes dropped, for the caller to close."""
+        close: list[int] = []
         with self._lock:
-            node = self._by_id.get(nodeid)
-            if node is None:
-                return
-            node.nlookup -= count
-            if node.nlookup <= 0:
-                del self._by_id[nodeid]
-                if self._current.get(node.path) is node:
-                    del self._current[node.path]
-                names = self._names.get(node.parent)
-                if names is not None:
-                    left = names.get(node.name, 0) - 1
-                    if left > 0:
-                        names[node.name] = left
-                    else:
-                        names.pop(node.name, None)
-                        if not names:
-                            del self._names[node.parent]
+            by_id = self._by_id
+            for nodeid, count in items:
+                node = by_id.get(nodeid)
+                if node is None or nodeid == ROOT_ID:
+                    continue
+                node.nlookup -= count
+                if node.nlookup <= 0:
+                    self._drop_locked(node)
+                    if node.kept:
+                        close.append(node.kept)
+                        node.kept = 0
+                        self._kept.pop(nodeid, None)
             if self.checking:
                 self._check_locked()
+        return close
+
+    def _drop_locked(self, node: Node) -> None:
+        del self._by_id[node.nodeid]
+        if self._current.get(node.path) is node:
+            del self._current[node.path]
+        names = self._names.get(node.parent)
+        if names is not None:
+            left = names.get(node.name, 0) - 1
+            if left > 0:
+                names[node.name] = left
+            else:
+                names.pop(node.name, None)
+                if not names:
+                    del self._names[node.parent]
 
     def current(self, path: str) -> Node | None:
         """The node of the newest version looked up at *path* (None if the kernel holds none)."""
@@ -192,6 +249,7 @@ class NodeTable:
             if node.seen or node.opens or node.nodeid == ROOT_ID or not stat.S_ISREG(st.st_mode):
                 return False
             node.version, node.st = version_of(st), st
+            node.kernel_size = -1  # the kernel holds the old version's attributes until it asks again
             if self._by_id.get(node.nodeid) is node:
                 self._current[node.path] = node
             if self.checking:
@@ -212,6 +270,7 @@ class NodeTable:
             ):
                 return False
             node.version, node.st = version_of(st), st
+            node.kernel_size = -1  # the kernel holds the old size until it asks again
             if self.checking:
                 self._check_locked()
             return True
@@ -232,19 +291,23 @@ class NodeTable:
                 return node.route, node.backing
             if node.opens == 0:
                 node.route, node.backing = route, 0
+                if route == "passthrough" and node.kept:  # registered still: shared again
+                    node.backing, node.kept, node.keepable = node.kept, 0, True
+                    self._kept.pop(node.nodeid, None)
             node.opens += 1
             node.seen = True
             if self.checking:
                 self._check_locked()
             return node.route, node.backing
 
-    def attach_backing(self, node: Node, backing: int) -> int:
+    def attach_backing(self, node: Node, backing: int, keep: bool = False) -> int:
         """Record the passthrough backing id of *node*'s open handles; returns the one to use (an
         id attached meanwhile by a concurrent open wins: the caller closes its own), or 0 when the
-        node fell back to served meanwhile (:meth:`fall_back`; the caller closes its id and serves)."""
+        node fell back to served meanwhile (:meth:`fall_back`; the caller closes its id and serves).
+        *keep*: the id may stay registered after the last release (the node's source file)."""
         with self._lock:
             if not node.backing and node.route == "passthrough":
-                node.backing = backing
+                node.backing, node.keepable = backing, keep
             if self.checking:
                 self._check_locked()
             return node.backing
@@ -260,7 +323,9 @@ class NodeTable:
             return node.route, node.backing
 
     def released(self, node: Node) -> int:
-        """Count a release of *node*; returns the backing id to close when it was the last handle (else 0)."""
+        """Count a release of *node*; returns a backing id to close (else 0): the node's when it was
+        the last handle and its id is not kept, or the least recently released kept one when keeping
+        this one made too many."""
         with self._lock:
             node.opens -= 1
             if node.opens > 0:
@@ -268,6 +333,14 @@ class NodeTable:
                     self._check_locked()
                 return 0
             backing, node.backing, node.route = node.backing, 0, ""
+            if backing and node.keepable and self._by_id.get(node.nodeid) is node:
+                node.kept, backing = backing, 0
+                self._kept[node.nodeid] = None
+                if len(self._kept) > self.max_kept:
+                    oldest = self._by_id[next(iter(self._kept))]
+                    del self._kept[oldest.nodeid]
+                    backing, oldest.kept = oldest.kept, 0
+            node.keepable = False
             if self.checking:
                 self._check_locked()
             return backing
@@ -299,6 +372,8 @@ class NodeTable:
                 f"nodes: node {nodeid} holds backing id {node.backing} on route {node.route!r}"
             )
             assert node.opens == 0 or node.seen, f"nodes: open node {nodeid} not marked seen"
+            assert not (node.kept and node.backing), f"nodes: node {nodeid} keeps an id while its handles hold one"
+            assert bool(node.kept) == (nodeid in self._kept), f"nodes: node {nodeid}'s kept id is not indexed"
             assert nodeid == ROOT_ID or node.version == version_of(node.st), (
                 f"nodes: node {nodeid}'s attributes name another version than {node.version!r}"
             )
@@ -311,3 +386,6 @@ class NodeTable:
                 names.setdefault(node.parent, {})
                 names[node.parent][node.name] = names[node.parent].get(node.name, 0) + 1
         assert names == self._names, "nodes: the index of names per directory is not that of the live nodes"
+        assert len(self._kept) <= self.max_kept and all(i in self._by_id for i in self._kept), (
+            "nodes: kept backing ids beyond the bound or of forgotten nodes"
+        )

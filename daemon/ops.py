@@ -17,8 +17,16 @@ Consistency (one inode per version, close-to-open):
   answers ESTALE; the kernel then looks the name up again (``LOOKUP_REVAL``) and opens the new
   node. Every open of a node may keep the kernel's page cache (``FOPEN_KEEP_CACHE``): its pages are
   that version's.
-* GETATTR of an open file (``fstat``) answers the node's own version. A path ``stat`` of a node whose
-  source changed or vanished answers ESTALE, which makes the kernel revalidate the name the same way.
+* Handover (:mod:`fastfs.fsio.handover` decides): a served first open of a small file whose version
+  is whole in RAM, and whose size the kernel's cached attributes of the node agree with
+  (``Node.kernel_size``, recorded as replies carry attributes), puts the file's bytes into the
+  kernel's page cache (``FUSE_NOTIFY_STORE``) before the reply; its reads never reach the daemon. A
+  node rebound by the open (its old attributes dropped) is never handed over.
+* GETATTR of an open file answers the node's own version: with a handle (``GETATTR_FH``), and
+  without one (``fstat`` asks so too) while the node has open handles, when the kernel is also told
+  to drop the name if the source changed or vanished (the next path walk finds the new version). A
+  path ``stat`` of a node without open handles whose source changed or vanished answers ESTALE, which
+  makes the kernel revalidate the name the same way.
 * Directories: OPENDIR is answered without ``FOPEN_CACHE_DIR``, so every listing reaches the daemon,
   and the engine checks it against the source (one stat; a new listing only on change). A new
   listing (from READDIR or from the engine's refresher, :mod:`fastfs.fsio.refresh`) comes back as
@@ -38,12 +46,14 @@ The open walk (the engine's side is in :mod:`fastfs.fsio.opening`, which decides
          [another open settled the other route meanwhile: Engine.reroute(fh, held)]
          [passthrough, no backing id yet: Session.backing_open(fd) -> NodeTable.attach_backing;
           the kernel refused: NodeTable.fall_back, Engine.refused(fh, why): served from now on]
+      [served: handover.decide(OpenFacts) -> Engine.handover_parts -> Session.store -> Engine.handed_over]
       -> replies.open_reply(fh, flags, backing id)
 
 *Served* opens are read through the engine; *passthrough* opens hand a descriptor to the kernel
 (``FUSE_DEV_IOC_BACKING_OPEN``) so reads and mmap go straight to that file and never reach the
-daemon. The node table keeps the route and backing id while a node has open handles; the id is
-closed after its last release.
+daemon. The node table keeps the route and backing id while a node has open handles; an id of the
+source file stays registered after the last release, for the node's next open (bounded; closed when
+the node is forgotten, see :mod:`fastfs.daemon.nodes`), a disk-tier copy's is closed then.
 
 Control channel: the ``/.fastfs`` directory (:mod:`fastfs.daemon.controlfs`) and the
 ``user.fastfs.*`` extended attributes (stats, warm jobs, cache reports, evictions), both answered by
@@ -91,6 +101,7 @@ from fastfs.daemon.kernel.session import NO_REPLY, Handler, Request, Session
 from fastfs.daemon.listings import Listings
 from fastfs.daemon.negatives import Negatives
 from fastfs.daemon.nodes import ROOT_ID, Node, NodeTable, join, version_of
+from fastfs.fsio import handover
 from fastfs.fsio.access import Caller
 from fastfs.fsio.api import EngineAPI
 from fastfs.fsio.changes import DirChange, Growth
@@ -214,16 +225,23 @@ class KernelOps:
             with self._lock:
                 self._lookups -= 1
         node = self.nodes.lookup(parent, name, st)
+        node.kernel_size = st.st_size  # what this reply tells the kernel (a handover fact)
         return self.replies.entry(node.nodeid, st)
 
     def forget(self, request: Request, r: ForgetIn) -> object:
-        self.nodes.forget(request.nodeid, r.nlookup)
+        self._close_backing(self.nodes.forget(request.nodeid, r.nlookup))
         return NO_REPLY
 
     def batch_forget(self, request: Request, r: BatchForgetIn) -> object:
-        for nodeid, nlookup in r.items:
-            self.nodes.forget(nodeid, nlookup)
+        self._close_backing(self.nodes.forget_many(r.items))  # one pass under the table's lock
         return NO_REPLY
+
+    def _close_backing(self, ids: list[int]) -> None:
+        """Close the kept backing ids of forgotten nodes (see the node table's kept backing ids)."""
+        session = self.session
+        if session is not None:
+            for backing in ids:
+                session.backing_close(backing)
 
     def getattr(self, request: Request, r: GetattrIn) -> bytes:
         nodeid = request.nodeid
@@ -231,17 +249,37 @@ class KernelOps:
             return self.replies.attr(self.controlfs.stat(nodeid))
         node = self._node(nodeid)
         if r.flags & abi.GETATTR_FH and not node.is_dir:
-            return self.replies.attr(node.st)  # fstat of an open file: the version it opened
+            return self._own_attr(node)  # fstat of an open file: the version it opened
         try:
             st = self.engine.lstat(node.path)
         except FileNotFoundError:
             if nodeid == ROOT_ID:
                 raise
+            if node.opens and not node.is_dir:
+                return self._moved_on(node)
             raise _error(errno.ESTALE, "source entry is gone") from None
         if not node.matches(st) and nodeid != ROOT_ID:
+            if node.opens and not node.is_dir:
+                return self._moved_on(node)
             raise _error(errno.ESTALE, "source entry changed")
         self.nodes.refresh(node, st)
+        node.kernel_size = st.st_size
         return self.replies.attr(st)
+
+    def _own_attr(self, node: Node) -> bytes:
+        st = node.st
+        node.kernel_size = st.st_size
+        return self.replies.attr(st)
+
+    def _moved_on(self, node: Node) -> bytes:
+        """GETATTR (without a handle: the kernel sends fstat so too) of a file node with open handles
+        whose name now stands for another version, or none: the node's own version (its open files'
+        ``fstat`` must show the size they read), and the kernel drops the name (queued), so the next
+        path walk looks it up again and finds the new version's node. (ESTALE here failed ``fstat``.)"""
+        notifier = self.session.notifier if self.session is not None else None
+        if notifier is not None:
+            notifier.submit(("entry", node.parent, os.fsencode(node.name)))
+        return self._own_attr(node)
 
     def readlink(self, request: Request, _body: memoryview) -> bytes:
         if request.nodeid in CONTROL_IDS:
@@ -260,7 +298,8 @@ class KernelOps:
         if self.no_open:
             raise _error(errno.ENOSYS, "open-less mode")  # the kernel stops sending OPEN/RELEASE
         node = self._node(nodeid)
-        opened = self._open_version(node, r.flags)
+        kernel_pages = node.seen  # (before this open marks it seen)
+        opened, rebound = self._open_version(node, r.flags)
         try:
             route, backing = self.nodes.acquire(node, opened.route, join=True)
         except BaseException:  # (only the debug invariant checks raise here)
@@ -279,17 +318,42 @@ class KernelOps:
             self._handles[fh] = node
         if route == ROUTE_PASSTHROUGH:
             return replies.open_reply(fh, PASSTHROUGH_OPEN, backing)
-        return replies.open_reply(fh, SERVED_OPEN)
+        if not kernel_pages and self.session is not None and opened.st is not None:  # (decide: never
+            # for a node opened before; the hot re-open skips gathering the facts)
+            facts = handover.OpenFacts(
+                route, opened.st.st_size, self.engine.ram_head(fh), node.kernel_size, kernel_pages, rebound
+            )
+            plan = handover.decide(facts)
+            if plan is not None:
+                self._hand_over(node, fh, plan)
+        return replies.open_reply(fh, SERVED_OPEN)  # (keep_cache: the kernel keeps what it was handed)
 
-    def _open_version(self, node: Node, flags: int) -> OpenResult:
+    def _hand_over(self, node: Node, fh: int, plan: handover.Handover) -> None:
+        """Put the version's bytes into the kernel's page cache of *node* before the OPEN reply (see
+        :mod:`fastfs.fsio.handover`): its READs are then answered by the kernel. Written on the
+        request's thread: the kernel must hold the pages before the reader's first read, and a node
+        never opened has no page a reader could hold locked (two first opens at once may both
+        store: the same bytes)."""
+        assert self.session is not None
+        parts = self.engine.handover_parts(fh, plan.length)
+        if parts is None:
+            return  # evicted since the decision: the reads come as READs
+        try:
+            if self.session.store(node.nodeid, plan.offset, parts.views[0]) == 0:
+                self.engine.handed_over(fh, parts)
+        finally:
+            self.engine.release_parts(parts)
+
+    def _open_version(self, node: Node, flags: int) -> tuple[OpenResult, bool]:
         """The engine's open of the node's version (its held route the hint); a node never opened
         whose source changed since the lookup is rebound to the version there now (its attributes
         dropped from the kernel's cache first), so an open racing a writer's rename still succeeds;
-        any other mismatch is ESTALE (the kernel looks the name up again and opens the new node)."""
+        any other mismatch is ESTALE (the kernel looks the name up again and opens the new node).
+        Returns (the open, whether it rebound the node: no handover then)."""
         held = node.route if node.opens else ""  # (a hint: NodeTable.acquire settles it)
         try:
             expect = cast(FileKey, node.version)  # (a node opened is a file: its version is its FileKey)
-            return self.engine.open(node.path, flags, expect=expect, cached=node.seen, held_route=held)
+            return self.engine.open(node.path, flags, expect=expect, cached=node.seen, held_route=held), False
         except OSError as e:
             if e.errno != errno.ESTALE or node.seen:
                 raise
@@ -299,7 +363,7 @@ class KernelOps:
             raise _error(errno.ESTALE, "source file changed since it was looked up")
         if self.session is not None:
             self.session.inval_inode(node.nodeid, -1, 0)  # attributes only: the node has no pages
-        return result
+        return result, True
 
     def _attach_backing(self, node: Node, opened: OpenResult) -> tuple[str, int, OpenResult]:
         """The node's handles pass through and have no backing id yet: register this open's backing
@@ -317,7 +381,7 @@ class KernelOps:
             except OSError as e:
                 refused = e.strerror or str(e)
             else:
-                used = self.nodes.attach_backing(node, backing)
+                used = self.nodes.attach_backing(node, backing, keep=not opened.on_disk)
                 if used != backing:
                     session.backing_close(backing)
                 backing = used
@@ -441,6 +505,7 @@ class KernelOps:
                     st = stats[index - start]
                     if st is not None:
                         node = self.nodes.lookup(parent, name, st)  # counted: the kernel links it
+                        node.kernel_size = st.st_size
                         entry = self.replies.entry(node.nodeid, st)
                         ino, kind = st.st_ino, stat.S_IFMT(st.st_mode)
             records.append((entry, name, kind, ino))  # no entry: node id 0, the kernel links none

@@ -352,6 +352,26 @@ class Engine:
         """The reply built from *parts* was sent: release its views and unpin its blocks."""
         self.reads.release_parts(parts)
 
+    def ram_head(self, fh: int) -> int:
+        """Bytes of open *fh*'s version RAM holds ready from offset 0 (a fact of the handover at open,
+        :mod:`fastfs.fsio.handover`); 0 for an unknown handle."""
+        entry = self.handles.get(fh)
+        return 0 if entry is None else self.reads.ram_head(entry)
+
+    def handover_parts(self, fh: int, length: int) -> ReplyParts | None:
+        """The first *length* bytes of open *fh*'s version as pinned views of its RAM block, to put into
+        the kernel's page cache (None when RAM no longer holds them); then :meth:`handed_over` when the
+        kernel took them, and :meth:`release_parts` either way."""
+        entry = self.handles.get(fh)
+        return None if entry is None else self.reads.handover_parts(entry, length)
+
+    def handed_over(self, fh: int, parts: ReplyParts) -> None:
+        """The kernel took *parts* (from :meth:`handover_parts`) into its page cache: counted
+        (``opens_handed``, ``bytes_handed``, and the bytes as delivered from the cache)."""
+        entry = self.handles.get(fh)
+        if entry is not None:
+            self.reads.handed_over(entry, parts)
+
     def abandoned_read(self, fh: int) -> None:
         """The kernel layer gave up on a read of *fh* (see :meth:`fastfs.fsio.fills.Fills.abandoned_read`)."""
         entry = self.handles.get(fh)

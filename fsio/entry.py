@@ -64,7 +64,10 @@ class StuckReads:
 
     Concurrency: every field is written under the entry's lock; ``count`` is also read without it as
     a hint and re-checked under it (see :meth:`fastfs.fsio.fills.Fills.fail_fast`); ``clear`` is an
-    event (set while ``count`` == 0, changed under the lock, waited on without it)."""
+    event set once ``count`` is back at 0, waited on without the lock. It is made only when reads of
+    the version get stuck (:meth:`stuck`, before ``count`` leaves 0: a reader that sees ``count`` > 0
+    finds it), so an open of a healthy file creates none (an entry is made per open of a version not
+    open yet: an Event, with its Condition and lock, cost a measurable share of a hot open)."""
 
     __slots__ = ("count", "inline", "inline_stuck", "probe_at", "clear")
 
@@ -73,8 +76,18 @@ class StuckReads:
         self.inline = 0  # source reads running on readers' own threads
         self.inline_stuck = 0  # of those, counted in count: the kernel layer gave up on their readers
         self.probe_at = 0.0  # monotonic time the last read was let through to a stuck file
-        self.clear = threading.Event()  # set while count == 0
-        self.clear.set()
+        self.clear: threading.Event | None = None  # set once count is back at 0 (None: never stuck)
+
+    def stuck(self, now: float) -> None:
+        """The first read of a stuck episode (``count`` 0, the entry's lock held; the caller counts it
+        next): the probe period starts now, and readers wait on a new, unset ``clear``."""
+        self.probe_at = now
+        self.clear = threading.Event()
+
+    def unstuck(self) -> None:
+        """``count`` is back at 0 (the entry's lock held): wake the readers waiting on ``clear``."""
+        if self.clear is not None:
+            self.clear.set()
 
 
 class SourceStream:

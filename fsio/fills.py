@@ -429,7 +429,8 @@ class Fills:
         if not stuck.count:
             return False
         # the stuck reads may be returning right now (a source that came back): wait a moment for them
-        if stuck.clear.wait(UNSTUCK_WAIT):
+        clear = stuck.clear  # (made before count left 0)
+        if clear is None or clear.wait(UNSTUCK_WAIT):
             return False
         now = self.clock()
         with entry.lock:
@@ -453,8 +454,7 @@ class Fills:
             if stuck.inline <= stuck.inline_stuck:
                 return  # no inline read out that is not counted already
             if not stuck.count:
-                stuck.probe_at = self.clock()
-                stuck.clear.clear()
+                stuck.stuck(self.clock())
             stuck.count += 1
             stuck.inline_stuck += 1
         self.stats.add(m.TIMEOUTS)
@@ -469,7 +469,7 @@ class Fills:
                 stuck.count -= 1
                 unstuck = stuck.count == 0
                 if unstuck:
-                    stuck.clear.set()
+                    stuck.unstuck()
         if unstuck:
             self.on_unstuck(entry)
 
@@ -621,8 +621,7 @@ class Preads:
         stuck = entry.stuck_reads
         with entry.lock:
             if not stuck.count:  # the next read let through to try the source is one probe period away
-                stuck.probe_at = self.fills.clock()
-                stuck.clear.clear()
+                stuck.stuck(self.fills.clock())
             stuck.count += 1
         return True
 
@@ -673,7 +672,7 @@ class Pread:
                     stuck.count -= 1
                     unstuck = stuck.count == 0
                     if unstuck:
-                        stuck.clear.set()
+                        stuck.unstuck()
                 if unstuck:
                     batch.fills.on_unstuck(entry)
             batch.done(batch)

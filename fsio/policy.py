@@ -184,13 +184,21 @@ class StreamPolicy:
             s.window = min(s.window, max_window)
 
     def _match(self, offset: int) -> Stream | None:
+        """The tracked stream nearest *offset* whose slack (REORDER_REQUESTS requests of its size, at
+        least a page each, at most MAX_SLACK) holds it. (Every read scans up to MAX_STREAMS streams:
+        plain comparisons, no min/max/abs calls.)"""
         best = None
+        best_d = 0
         for s in self.streams:
-            slack = min(MAX_SLACK, REORDER_REQUESTS * max(s.request_size, 4096))
-            if s.next_offset - slack <= offset <= s.next_offset + slack and (
-                best is None or abs(offset - s.next_offset) < abs(offset - best.next_offset)
-            ):
-                best = s
+            rs = s.request_size
+            slack = REORDER_REQUESTS * (rs if rs > 4096 else 4096)
+            if slack > MAX_SLACK:
+                slack = MAX_SLACK
+            d = offset - s.next_offset
+            if d < 0:
+                d = -d
+            if d <= slack and (best is None or d < best_d):
+                best, best_d = s, d
         return best
 
     def _new_stream(self, offset: int, size: int) -> tuple[Stream, bool]:

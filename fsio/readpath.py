@@ -307,6 +307,47 @@ class ReadPath:
             self.cache.unpin(block)
         parts.blocks.clear()
 
+    # -- handing a small file to the kernel at open (fastfs.fsio.handover) -----------------------
+    def ram_head(self, entry: FileEntry) -> int:
+        """Bytes of *entry*'s version RAM holds ready from offset 0 in its first block (a peek: no pin,
+        no LRU touch; the file is whole in RAM when this covers its size)."""
+        block = self.cache.peek(entry.key, 0)
+        if block is None or block.state != READY or block.start != 0:
+            return 0
+        return block.length
+
+    def handover_parts(self, entry: FileEntry, length: int) -> ReplyParts | None:
+        """A view of [0, *length*) of *entry*'s first block, pinned in the parts (give them back with
+        :meth:`release_parts`), or None when the block no longer holds it (evicted meanwhile)."""
+        block = self.cache.get(entry.key, 0)
+        if block is None:
+            return None
+        if block.state != READY or block.start != 0 or block.length < length:
+            self.cache.unpin(block)
+            return None
+        parts = ReplyParts()
+        parts.blocks.append(block)
+        parts.views.append(block.view[:length])
+        return parts
+
+    def handed_over(self, entry: FileEntry, parts: ReplyParts) -> int:
+        """The kernel took the bytes of *parts* into its page cache: counted as an open handed over and
+        as bytes delivered to the application from the cache (they will be read from the kernel's
+        copy), a prefetched block's bytes as used; the block becomes a drop-behind candidate."""
+        n = sum(len(v) for v in parts.views)
+        stats = self.stats
+        stats.add(m.OPENS_HANDED)
+        stats.add(m.BYTES_HANDED, n)
+        stats.add(m.BYTES_REQUESTED, n)
+        stats.add(m.BYTES_SERVED_CACHE, n)
+        for block in parts.blocks:
+            if block.prefetched and not block.used:
+                stats.add(m.BYTES_PREFETCH_USED, block.length)
+            block.used = True
+            self.cache.consumed(block)
+        self.account_file(entry, n, 0)
+        return n
+
     # -- step 7: per-file counts ------------------------------------------------------------------
     def account_file(self, entry: FileEntry, delivered: int, direct: int, flush: bool = False) -> None:
         """Per-file bytes for the top-files table, summed per entry (its own lock) and handed to the

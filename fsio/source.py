@@ -60,14 +60,20 @@ _syscall.restype = ctypes.c_long
 _openat2_works: bool | None = None
 
 
+_OPEN_HOW = struct.Struct("QQQ")  # struct open_how: flags, mode, resolve
+_NR_OPENAT2 = ctypes.c_long(_SYS_OPENAT2 or 0)
+_HOW_SIZE = ctypes.c_size_t(_OPEN_HOW.size)
+# open_how buffers by open flags, built once (the kernel only reads them): an open is on every OPEN's
+# path, and building the buffer and the ctypes arguments anew cost a few microseconds each time.
+_HOWS: dict[int, ctypes.Array[ctypes.c_char]] = {}
+
+
 def _openat2(dirfd: int, rel: str, flags: int) -> int:
-    how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
-    buf = ctypes.create_string_buffer(how)
-    path = os.fsencode(rel)
-    assert _SYS_OPENAT2 is not None  # callers test it first
-    fd: int = _syscall(  # restype c_long: an int
-        ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(path), buf, ctypes.c_size_t(len(how))
-    )
+    buf = _HOWS.get(flags)
+    if buf is None:
+        how = _OPEN_HOW.pack(flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
+        buf = _HOWS.setdefault(flags, ctypes.create_string_buffer(how, len(how)))
+    fd: int = _syscall(_NR_OPENAT2, ctypes.c_int(dirfd), os.fsencode(rel), buf, _HOW_SIZE)  # restype c_long: an int
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), rel)
@@ -93,7 +99,10 @@ def fd_limit() -> int:
 
 
 def split(path: str) -> list[str]:
-    """FUSE path ``/a/b`` -> ``["a", "b"]``; rejects ``..`` and empty components."""
+    """FUSE path ``/a/b`` -> ``["a", "b"]``; rejects ``..`` and empty components. (Every open splits
+    its path: a path of plain components, the daemon's own, is split without a pass over its parts.)"""
+    if path[:1] == "/" and "/." not in path and "//" not in path and path[-1:] != "/":
+        return path[1:].split("/")
     parts = [p for p in path.split("/") if p and p != "."]
     if any(p == ".." for p in parts):
         raise OSError(errno.EACCES, "path escapes the source", path)

@@ -52,6 +52,8 @@ OPENS = "opens"  # opens served by the engine (route "served")
 OPENS_PASSTHROUGH = "opens_passthrough"  # opens handed to the kernel as passthrough to the source file
 BYTES_PASSTHROUGH_OPENED = "bytes_passthrough_opened"  # sizes of the files opened by passthrough
 BYTES_PASSTHROUGH_WARMED = "bytes_passthrough_warmed"  # page cache filled by warms of passthrough files
+OPENS_HANDED = "opens_handed"  # served opens whose file was put into the kernel's page cache (fsio.handover)
+BYTES_HANDED = "bytes_handed"  # bytes put there (also counted as requested and served from cache)
 OPENS_DISK = "opens_disk"  # opens handed to the kernel as passthrough to a complete file of the disk tier
 BYTES_DISK_OPENED = "bytes_disk_opened"  # sizes of the files opened that way
 STREAM_FILLS = "stream_fills"  # block fills read on a file's one source stream (the sequential shape)
@@ -96,6 +98,8 @@ COUNTERS = (
     OPENS_PASSTHROUGH,
     BYTES_PASSTHROUGH_OPENED,
     BYTES_PASSTHROUGH_WARMED,
+    OPENS_HANDED,
+    BYTES_HANDED,
     OPENS_DISK,
     BYTES_DISK_OPENED,
     STREAM_FILLS,

@@ -54,6 +54,10 @@ def _route_lines(c: dict[str, Any], g: dict[str, Any]) -> list[str]:
         f" {human_bytes(c.get('bytes_passthrough_opened', 0))} (the kernel reads them from the source; not in"
         " requested)",
     ]
+    lines.append(
+        f"  handed over        {c.get('opens_handed', 0)} opens, {human_bytes(c.get('bytes_handed', 0))} put into the"
+        " kernel's page cache at open (read there without a request; in requested)"
+    )
     if "disk_cache_budget" in g or c.get("opens_disk", 0):
         lines.append(
             f"  opens disk         {c.get('opens_disk', 0)}, files of {human_bytes(c.get('bytes_disk_opened', 0))}"

@@ -153,10 +153,12 @@ def forget_in(body: memoryview) -> ForgetIn:
 
 
 def batch_forget_in(body: memoryview) -> BatchForgetIn:
+    """The records in one C pass (``iter_unpack`` over the whole records the body holds, at most
+    *count*): the kernel sends up to hundreds per request when it drops inodes in bulk."""
     count, _ = _BATCH_HEAD.unpack_from(body)
     base, step = _BATCH_HEAD.size, _FORGET_ONE.size
     n = min(count, (len(body) - base) // step)
-    return BatchForgetIn([_FORGET_ONE.unpack_from(body, base + i * step) for i in range(n)])
+    return _new(BatchForgetIn, (list(_FORGET_ONE.iter_unpack(body[base : base + n * step])),))
 
 
 def getxattr_in(body: memoryview) -> GetxattrIn:

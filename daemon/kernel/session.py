@@ -6,7 +6,9 @@ clone of the descriptor (``FUSE_DEV_IOC_CLONE``: the kernel hands requests to an
 expects each reply on the descriptor its request was read from) and loops: read one request into
 its own buffer, parse the header, call the handler for the opcode, write the reply with one
 ``os.writev`` of a header and the handler's buffers (payload bytes are never joined or copied
-here). A read of ``ENODEV`` means the connection is gone (unmounted or aborted): the worker ends.
+here). Per request the loop allocates nothing but the header's fields and the body's view: the
+worker's one :class:`Request` is refilled, and a single-bytes reply is written inline. A read of
+``ENODEV`` means the connection is gone (unmounted or aborted): the worker ends.
 
 Handlers are plain callables ``handler(request, body) -> reply`` from the operations adapter, where
 ``body`` is a view of the request after its header, valid only during the call. A reply is a
@@ -101,7 +103,8 @@ _OUT_SIZE = _OUT.size
 
 
 class Request:
-    """One request being served: its header fields and the worker serving it."""
+    """One request being served: its header fields and the worker serving it. Each worker has one,
+    refilled for every request it reads (a handler must not keep it past its return)."""
 
     __slots__ = ("unique", "opcode", "nodeid", "uid", "gid", "pid", "worker", "after")
 
@@ -306,7 +309,10 @@ class Session:
         view = worker.view
         counts = worker.counts
         unpack = _HEADER.unpack_from
+        pack = _OUT.pack
+        writev = os.writev
         monotonic = time.monotonic
+        request = Request(0, 0, 0, 0, 0, 0, worker)  # refilled per request (no object per request)
         try:
             while not worker.abandoned:
                 try:
@@ -329,7 +335,8 @@ class Session:
                     if opcode not in abi.NO_REPLY_OPS:
                         self._send(fd, unique, -errno.ENOSYS, ())
                     continue
-                request = Request(unique, opcode, nodeid, uid, gid, pid, worker)
+                request.unique, request.opcode, request.nodeid = unique, opcode, nodeid
+                request.uid, request.gid, request.pid, request.after = uid, gid, pid, None
                 worker.current = (unique, opcode, monotonic(), False, pid)
                 try:
                     reply = handler(request, view[_HEADER_SIZE:length])
@@ -347,7 +354,12 @@ class Session:
                 try:
                     if worker.abandoned:
                         break  # the watchdog answered this request already
-                    if error:
+                    if type(reply) is bytes:  # the common answer, one payload: written here (no call of _send)
+                        try:
+                            writev(fd, (pack(_OUT_SIZE + len(reply), 0, unique), reply))
+                        except OSError as e:
+                            self._reply_failed(e)
+                    elif error:
                         self._send(fd, unique, -error, ())
                     elif reply is None:
                         self._send(fd, unique, 0, ())
@@ -381,10 +393,13 @@ class Session:
         try:
             os.writev(fd, [_OUT.pack(size, error, unique), *payload])
         except OSError as e:
-            # ENOENT: the kernel no longer waits for this request (interrupted, or answered by the
-            # watchdog); ENODEV: the connection is gone
-            if e.errno not in (errno.ENOENT, errno.ENODEV):
-                self._errors.error(("reply", e.errno), "FUSE reply failed: %s", e.strerror)
+            self._reply_failed(e)
+
+    def _reply_failed(self, e: OSError) -> None:
+        # ENOENT: the kernel no longer waits for this request (interrupted, or answered by the
+        # watchdog); ENODEV: the connection is gone
+        if e.errno not in (errno.ENOENT, errno.ENODEV):
+            self._errors.error(("reply", e.errno), "FUSE reply failed: %s", e.strerror)
 
     # -- interrupts and the watchdog ------------------------------------------------------------
     def interrupt(self, unique: int) -> bool:

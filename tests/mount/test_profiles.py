@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_cli
+from conftest import mounted, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -156,3 +158,32 @@ def test_print_config_needs_no_paths_and_rejects_unknown_profiles():
     assert result.returncode == 0 and 'profile: ""' in result.stdout
     result = run_cli("mount", "--profile", "trainig", "--print-config")
     assert result.returncode == 2 and "invalid choice" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_training_profile_mounts_without_open_and_reads_the_bytes(src: Path, mnt: Path) -> None:
+    """--profile training sets fuse.no_open: a pass over small files sends no OPEN (past the first,
+    whose ENOSYS turns them off) or RELEASE, and no file passes through (the first pass is read through
+    fastfs); every byte is the file's, and a second pass comes from the kernel's page cache without a
+    READ. (Failed before the profile set no_open: one OPEN and one RELEASE per file.)"""
+    files = {f"s{i:02d}.bin": bytes([i]) * (3000 + i) for i in range(24)}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    assert load_config(overrides={"profile": "training"}, use_default_path=False).fuse.no_open
+    counts = []
+    with mounted(src, mnt, config_text="profile: training\n") as m:
+        counts.append(dict(m.stats()["kernel"]["requests"]))
+        for _ in range(2):
+            for name, data in files.items():  # os.open: Python's open() also asks isatty (an IOCTL)
+                fd = os.open(mnt / name, os.O_RDONLY)
+                try:
+                    assert os.read(fd, 8192) == data
+                    assert os.fstat(fd).st_size == len(data)
+                finally:
+                    os.close(fd)
+            counts.append(dict(m.stats()["kernel"]["requests"]))
+    before, first, second = counts
+    # one OPEN at most: the first, answered ENOSYS, after which the kernel sends none
+    assert second.get("open", 0) - before.get("open", 0) <= 1, (before, second)
+    assert second.get("release", 0) == before.get("release", 0), (before, second)
+    assert first.get("read", 0) >= 1  # the first pass was served: no passthrough without an open
+    assert second.get("read", 0) == first.get("read", 0), (first, second)

@@ -215,8 +215,12 @@ def test_replaced_file_gets_a_new_node_and_old_opens_are_stale(served: Served, t
     assert served.read(old, fh, 4096, 100) == (0, CONTENT[4096:4196])
     err, out = served.call(Op.GETATTR, abi.GETATTR_IN.pack(abi.GETATTR_FH, 0, fh), old)
     assert err == 0 and abi.ATTR_OUT.unpack(out)[4] == len(CONTENT)
-    # a path stat or a new open of the old inode makes the kernel look the name up again
-    assert served.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), old)[0] == errno.ESTALE
+    # a GETATTR without a handle of the open inode (fstat sends it so): its own version, and the
+    # kernel drops the name, so a path walk looks it up again (ESTALE here failed fstat)
+    err, out = served.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), old)
+    assert err == 0 and abi.ATTR_OUT.unpack(out)[4] == len(CONTENT)
+    _notified(served, _entry_invalidation(1, "data.bin"))
+    # a new open of the old inode makes the kernel look the name up again
     assert served.call(Op.OPEN, abi.OPEN_IN.pack(os.O_RDONLY, 0), old)[0] == errno.ESTALE
     new = served.node("/data.bin")
     assert new != old
@@ -225,7 +229,57 @@ def test_replaced_file_gets_a_new_node_and_old_opens_are_stale(served: Served, t
     assert served.read(new, fh2, 0, 8192) == (0, new_bytes)
     served.release(old, fh)
     served.release(new, fh2)
+    # without open handles, a path stat of the old inode is ESTALE: the kernel looks the name up again
+    assert served.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), old)[0] == errno.ESTALE
     served.ops.nodes.check_invariants()
+
+
+# -- small files handed to the kernel's page cache at open (fastfs.fsio.handover) -------------------
+def _stores(served: Served) -> list[tuple[int, int, bytes]]:
+    out = []
+    for code, payload in served.fk.notifications:
+        if code == abi.Notify.STORE:
+            nodeid, offset, size, _pad = abi.NOTIFY_STORE_OUT.unpack_from(payload)
+            data = payload[abi.NOTIFY_STORE_OUT.size :]
+            assert len(data) == size
+            out.append((nodeid, offset, data))
+    return out
+
+
+def test_an_open_of_a_small_file_whole_in_ram_hands_it_to_the_kernel_once(served: Served) -> None:
+    served.engine.warm("/dir/small.txt")  # the version whole in RAM
+    node = served.node("/dir/small.txt")
+    fh, flags = served.open(node)
+    assert flags & abi.FOPEN_KEEP_CACHE  # the kernel keeps what it was handed
+    assert _stores(served) == [(node, 0, b"hello\n")]  # before the reply
+    c = served.engine.snapshot()["counters"]
+    assert (c["opens_handed"], c["bytes_handed"]) == (1, 6)
+    assert c["bytes_requested"] == 6 and c["bytes_served_from_cache"] == 6  # delivered, from the cache
+    served.release(node, fh)
+    fh, _ = served.open(node)  # opened before: the kernel holds the pages
+    assert len(_stores(served)) == 1
+    served.release(node, fh)
+    big = served.node("/data.bin")  # not in RAM: nothing handed over
+    fh, _ = served.open(big)
+    assert len(_stores(served)) == 1
+    served.release(big, fh)
+
+
+def test_a_rebound_node_is_not_handed_over(served: Served, tree: Path) -> None:
+    """A node looked up but never opened whose name was replaced: the open rebinds it to the new
+    version, whole in RAM, and drops the kernel's attributes of it (the old version's size) instead
+    of handing anything over; reads give the new version's bytes."""
+    node = served.node("/dir/small.txt")
+    new = b"another version, longer than the first\n"
+    (tree / "dir" / "next").write_bytes(new)
+    os.replace(tree / "dir" / "next", tree / "dir" / "small.txt")
+    served.engine.warm("/dir/small.txt")
+    fh, _ = served.open(node)
+    assert _stores(served) == []
+    assert any(code == abi.Notify.INVAL_INODE for code, _ in served.fk.notifications)
+    assert served.read(node, fh, 0, 4096) == (0, new)
+    served.release(node, fh)
+    assert served.engine.snapshot()["counters"]["opens_handed"] == 0
 
 
 def test_same_version_keeps_its_node(served: Served) -> None:

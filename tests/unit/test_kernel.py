@@ -228,6 +228,7 @@ class NodeMachine(RuleBasedStateMachine):
         self.version = 0
         self.written: dict[str, int] = {}  # name -> the version the model last wrote there
         self.node_version: dict[int, int] = {}  # node id -> the version of the file it was looked up as
+        self.registered: set[int] = set()  # backing ids registered and not closed yet
 
     @rule(name=st.sampled_from(["a", "b", "c"]), replace=st.booleans())
     def lookup(self, name: str, replace: bool) -> None:
@@ -250,7 +251,7 @@ class NodeMachine(RuleBasedStateMachine):
         count = data.draw(st.integers(min_value=1, max_value=self.lookups[nodeid]))
         if self.opens.get(nodeid):
             return  # the kernel never forgets an inode with open files
-        self.table.forget(nodeid, count)
+        self._closed(self.table.forget(nodeid, count))
         self.lookups[nodeid] -= count
         if not self.lookups[nodeid]:
             del self.lookups[nodeid]
@@ -260,11 +261,14 @@ class NodeMachine(RuleBasedStateMachine):
     @rule(data=st.data(), route=st.sampled_from(["served", "passthrough"]))
     def open(self, data, route: str) -> None:
         node = self.table.get(data.draw(st.sampled_from(sorted(self.lookups))))
-        got, _ = self.table.acquire(node, route)
+        got, held = self.table.acquire(node, route)
         if got == route:
             self.opens[node.nodeid] = self.opens.get(node.nodeid, 0) + 1
             if route == "passthrough":
-                self.table.attach_backing(node, 100 + node.nodeid)
+                ours = 100 + node.nodeid + 1000 * self.opens[node.nodeid]
+                used = self.table.attach_backing(node, ours, keep=data.draw(st.booleans()))
+                assert used == (held or ours)  # a kept or shared id is passed again
+                self.registered.add(used)
 
     @precondition(lambda self: any(self.opens.values()))
     @rule(data=st.data())
@@ -291,9 +295,24 @@ class NodeMachine(RuleBasedStateMachine):
     def release(self, data) -> None:
         nodeid = data.draw(st.sampled_from(sorted(k for k, v in self.opens.items() if v)))
         node = self.table.get(nodeid)
+        keepable, before = node.keepable, node.backing
         backing = self.table.released(node)
         self.opens[nodeid] -= 1
-        assert (backing != 0) == (self.opens[nodeid] == 0 and backing == 100 + nodeid)
+        if self.opens[nodeid]:
+            assert backing == 0
+        elif before and not keepable:
+            assert backing == before  # the last release closes an id that may not be kept
+        self._closed([backing] if backing else [])
+
+    def _closed(self, ids: list[int]) -> None:
+        """Backing ids the table handed back to close: registered, closed once, used by no node."""
+        for backing in ids:
+            assert backing in self.registered
+            self.registered.discard(backing)
+        held = {n.backing for n in self.table._by_id.values() if n.backing} | {
+            n.kept for n in self.table._by_id.values() if n.kept
+        }
+        assert held == self.registered  # every id registered is a node's (open or kept) until closed
 
     @invariant()
     def consistent(self) -> None:
@@ -308,6 +327,27 @@ class NodeMachine(RuleBasedStateMachine):
 
 TestNodeMachine = NodeMachine.TestCase
 TestNodeMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_a_kept_backing_id_is_passed_again_and_closed_when_forgotten_or_evicted(tmp_path) -> None:
+    table = NodeTable(os.lstat(tmp_path), check_invariants=True, max_kept=1)
+    a = table.lookup(table.root, "a", _stat(tmp_path, "a"))
+    b = table.lookup(table.root, "b", _stat(tmp_path, "b"))
+    assert table.acquire(a, "passthrough") == ("passthrough", 0)
+    assert table.attach_backing(a, 7, keep=True) == 7
+    assert table.released(a) == 0 and a.kept == 7  # kept registered: no BACKING_CLOSE
+    assert table.acquire(a, "passthrough") == ("passthrough", 7)  # passed again: no BACKING_OPEN
+    assert table.released(a) == 0
+    assert table.acquire(a, "served") == ("served", 0)  # a served open leaves it kept
+    assert table.released(a) == 0 and a.kept == 7
+    assert table.acquire(b, "passthrough") == ("passthrough", 0)
+    assert table.attach_backing(b, 8, keep=True) == 8
+    assert table.released(b) == 7 and a.kept == 0  # one kept at most: a's is closed
+    assert table.forget(b.nodeid, 1) == [8]  # forgotten: its kept id is closed
+    assert table.acquire(a, "passthrough") == ("passthrough", 0)
+    assert table.attach_backing(a, 9) == 9  # (a disk-tier copy's id: not kept)
+    assert table.released(a) == 9
+    assert table.forget(a.nodeid, 1) == []
 
 
 def test_node_table_checks_itself_after_every_change_when_asked(tmp_path):
