@@ -174,7 +174,7 @@ class Scanner:
         (younger than ``attr_timeout`` and its directory verified unchanged within the bound since
         before it was fetched: at most one directory stat per bound period), or "" (revalidate it)."""
         age = self.clock() - meta.fetched_at
-        if age <= self.bound:
+        if self.bound > 0 and age <= self.bound:  # (0: nothing is trusted as it is, every open asks)
             return FRESH
         if not self.trust_dirs or age > self.attr_timeout or meta.dir_basis is None or self.dirs is None:
             return ""

@@ -120,6 +120,24 @@ def test_an_open_within_the_bound_asks_the_source_nothing(src: Path, tmp_path: P
         engine.close()
 
 
+def test_a_bound_of_zero_trusts_nothing_as_it_is(src: Path, tmp_path: Path) -> None:
+    """fuse.revalidate=0: every open asks the source, even at the instant the metadata was fetched (the
+    fake clock does not move: an age of 0 was trusted before, ``age <= bound``)."""
+    clock = Clock()
+    engine = make(src, tmp_path, clock, **{"fuse.revalidate": "0", "fuse.trust_unchanged_dirs": "false"})
+    try:
+        paths = scanned(engine)
+        rewrite_in_place(src / "d" / "f04", body(4, version=1))
+        before = counters(engine)
+        for i, path in enumerate(paths, start=2):
+            assert read_whole(engine, path) == body(i, version=1 if i == 4 else 0)
+        d = delta(counters(engine), before)
+        assert d[m.OPENS_FROM_META] == 0 and d[m.SOURCE_STATS] + d[m.SOURCE_OPENS] >= len(paths)
+        engine.check_invariants()
+    finally:
+        engine.close()
+
+
 def test_after_the_bound_an_in_place_rewrite_is_seen_by_the_next_open(src: Path, tmp_path: Path) -> None:
     """attr_timeout is 60 s; with directory trust off, an open at revalidate + epsilon after the scan
     revalidates by one stat and reads the new version."""
