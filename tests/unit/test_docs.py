@@ -54,6 +54,25 @@ def test_readme_is_short_and_installs_early():
         assert f"](docs/{page.name})" in text, f"README.md does not link docs/{page.name}"
 
 
+def test_ci_runs_exactly_the_test_command_the_readme_gives():
+    """The README's two commands on a fresh machine: the test one is what .ci/run executes, and no other
+    code block of the README looks like a test command (a pip line naming pytest was taken for one)."""
+    text = README.read_text()
+    section = text[text.index("### Two commands on a fresh machine") :]
+    block = FENCE_RE.search(section)
+    assert block is not None
+    commands = [line.split("#")[0].strip() for line in block.group(1).strip().splitlines()]
+    assert commands == ["make demo", "make test"]
+    ci = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert ci[-1] == "make test" and not any("pytest" in line for line in ci)
+    blocks = FENCE_RE.findall(text)
+    assert not [b for b in blocks if "pytest" in b], "a README code block names pytest"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_relative_links_lead_to_files(page: Path):
     for target in LINK_RE.findall(_text(page)):
