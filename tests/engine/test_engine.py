@@ -870,6 +870,8 @@ def test_a_new_epoch_over_files_the_kernel_holds_fetches_metadata_only(tmp_path,
             r = engine.open(f"/d/{name}")
             assert engine.read(r.fh, 0, 4096) == data[name]
             engine.release(r.fh)
+        # epoch 1's scan done (a fetch still in flight would count its bytes after the snapshot below)
+        assert wait_until(lambda: engine.scanner.active_scans() == 0)
         for key in list(engine.handles.versions.values()):  # fastfs's RAM has dropped them; the kernel has not
             engine.cache.invalidate_file(key)
         fetched = engine.snapshot()["counters"]["bytes_fetched_prefetch"]
