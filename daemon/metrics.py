@@ -106,6 +106,21 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     (fstats.BACKPRESSURE, "prefetch_declined_total", "Prefetches refused because the cache budget was full."),
     (fstats.SEQ_RESETS, "sequential_resets_total", "Sequential streams that collapsed on a seek."),
     (fstats.SCAN_FILES, "scan_files_total", "Files fetched whole by small-file scans."),
+    (
+        fstats.SCAN_SKIPPED,
+        "scan_skipped_files_total",
+        "Scan fetches not made because the reader opened the file first (its own read fetched it).",
+    ),
+    (
+        fstats.SCAN_AWAITED,
+        "opens_awaited_scan_total",
+        "Opens that waited for the scan's fetch of their file under way instead of opening the source again.",
+    ),
+    (
+        fstats.SCAN_AWAIT_TIMEOUTS,
+        "opens_awaited_scan_timeouts_total",
+        "Opens that gave up waiting for a scan's fetch of their file (the source was slow) and opened it.",
+    ),
     (fstats.LEARNED_FILES_USED, "learned_files_used_total", "Files of replayed learned access sets later read."),
     (
         fstats.BYTES_PASSTHROUGH_WARMED,

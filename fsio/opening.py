@@ -304,7 +304,7 @@ class Opener:
         known = self.scanner.meta(path)
         meta = None if need_source else known
         if meta is not None and not self._held(path, meta, kernel_cached):
-            meta = None
+            meta = self._awaited(path, meta)
         if meta is not None:
             how = self.scanner.trust(path, meta)
             if how and not meta.scan and (how != FRESH or not self.scanner.take(path, meta)):
@@ -354,6 +354,18 @@ class Opener:
         if small and (kernel_cached or self.cache.peek(meta.key, 0) is not None):
             return True
         return self._on_disk(path, meta)
+
+    def _awaited(self, path: str, meta: MetaEntry) -> MetaEntry | None:
+        """The metadata a scan's fetch of the small file *path*, under way and waited for (at most
+        :data:`~fastfs.fsio.scanner.SCAN_FETCH_WAIT`), remembered with its data in RAM, when it is of
+        the version *meta* describes: the open is then answered from it instead of opening the source
+        a second time. None when no fetch was under way, it failed or it found another version."""
+        if meta.st.st_size > self.scanner.scan_max() or not self.scanner.await_fetch(path):
+            return None
+        fetched = self.scanner.meta(path)
+        if fetched is None or fetched.key != meta.key or self.cache.peek(meta.key, 0) is None:
+            return None
+        return fetched
 
     def _on_disk(self, path: str, meta: MetaEntry) -> bool:
         """Whether the disk tier holds all of the version a scan's metadata describes (its open is then
