@@ -34,6 +34,7 @@ LIVE: frozenset[str] = frozenset(
         "readahead.small_file_max",
         "readahead.scan_trigger",  # directory scans started after the reload
         "readahead.scan_max_files",
+        "readahead.walk_ahead",  # walks entering a directory after the reload
         "readahead.formats",  # files opened after the reload
         "readahead.read_timeout",  # the engine's waits and the session watchdog's deadline
         # (not readahead.source_shape: chosen once per mount, with its probe; a remount changes it)

@@ -90,6 +90,8 @@ PASSTHROUGH_MODES = ("auto", "on", "off")
 MIN_DIR_TIMEOUT = 0.1
 # readahead.source_shape values (fastfs.fsio.shape: AUTO, PARALLEL, SEQUENTIAL).
 SOURCE_SHAPES = ("auto", "parallel", "sequential")
+# Most sibling directories a walk may be scanned ahead by (each one's small files take RAM ahead).
+MAX_WALK_AHEAD = 8
 
 
 @dataclass(frozen=True)
@@ -300,6 +302,12 @@ class ReadaheadConfig:
     """Distinct files opened in one directory, in a short span, that start a small-file scan."""
     scan_max_files: int = 100_000
     """Most files one scan plans (bounds the plan's memory on huge directories)."""
+    walk_ahead: int = 1
+    """Sibling directories a walk is scanned ahead by: when the reader goes from one directory into
+    the next of the same parent (os.walk, rsync, a backup or indexing pass), the small files of the
+    one after are fetched before it gets there (0: off). Lookups of different directories overlap on
+    storage that answers those of one directory one at a time; a walk that stops wastes at most this
+    many directories' small files, within the scan's budget share."""
     formats: bool = True
     """Parse .npy / safetensors / torch zip / pickle headers on open and prefetch what the loader will read."""
     learn: bool = True
@@ -335,6 +343,9 @@ class ReadaheadConfig:
         _check(0 <= self.small_file_max <= 64 * MIB, "readahead.small_file_max", "must be between 0 and 64M")
         _check(2 <= self.scan_trigger <= 1000, "readahead.scan_trigger", "must be between 2 and 1000")
         _check(1 <= self.scan_max_files <= 10_000_000, "readahead.scan_max_files", "must be between 1 and 10000000")
+        _check(
+            0 <= self.walk_ahead <= MAX_WALK_AHEAD, "readahead.walk_ahead", f"must be between 0 and {MAX_WALK_AHEAD}"
+        )
         _check(0 <= self.read_timeout <= 86400, "readahead.read_timeout", "must be between 0 and 86400 seconds")
         _check(1 <= self.source_streams <= 64, "readahead.source_streams", "must be between 1 and 64")
 

@@ -199,6 +199,7 @@ _LABELLED: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
             (fstats.SEQ_STREAMS, "sequential"),
             (fstats.RANDOM_STREAMS, "random"),
             (fstats.SCANS, "small_file_scan"),
+            (fstats.WALK_AHEAD, "walk_ahead"),
             (fstats.FORMAT_PLANS, "format"),
             (fstats.MMAP_STREAMS, "mmap"),
             (fstats.LEARNED_PLANS, "learned"),

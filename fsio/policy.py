@@ -471,6 +471,39 @@ class ScanPolicy:
         return name in self.opened and known > 0 and len(self.opened) >= EPOCH_FRACTION * known
 
 
+@dataclass(frozen=True)
+class Siblings:
+    """The subdirectories of one parent, in the listing's order and in name order, indexed once per
+    listing (a walk asks at each directory it enters: no sort or search per question)."""
+
+    orders: tuple[tuple[str, ...], ...]
+    indexes: tuple[dict[str, int], ...]
+
+    @classmethod
+    def of(cls, names: list[str]) -> Siblings:
+        orders = (tuple(names), tuple(sorted(names)))
+        return cls(orders, tuple({n: i for i, n in enumerate(o)} for o in orders))
+
+    def walk_ahead(self, previous: str, arrived: str, depth: int) -> list[str]:
+        """The siblings to scan ahead of a walk (at most *depth*): the reader arrived in *arrived* right
+        after *previous*. When *previous* comes just before *arrived* in the listing's order or in name
+        order, the walk goes that way and the *depth* siblings after *arrived* in it are returned;
+        otherwise (a jump, a revisit, a name not listed) none.
+
+        >>> Siblings.of(["a", "c", "b", "d"]).walk_ahead("a", "b", 1)
+        ['c']
+        >>> Siblings.of(["a", "b", "c", "d"]).walk_ahead("a", "c", 1)
+        []
+        """
+        if depth <= 0 or previous == arrived:
+            return []
+        for order, index in zip(self.orders, self.indexes, strict=True):
+            i = index.get(arrived)
+            if i is not None and i > 0 and order[i - 1] == previous:
+                return list(order[i + 1 : i + 1 + depth])
+        return []
+
+
 # Opens remembered per directory for the sorted/shuffled decision (bounds memory on huge directories).
 MAX_ORDER = 4096
 # Share of a directory read before a re-open counts as the start of the next epoch.

@@ -58,10 +58,10 @@ from typing import TYPE_CHECKING
 from fastfs.config.schema import FuseConfig, ReadaheadConfig
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import BlockCache, round_up
-from fastfs.fsio.dirs import DirListings, parent_of
+from fastfs.fsio.dirs import Dirent, DirListings, parent_of
 from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.fills import Fills
-from fastfs.fsio.policy import ScanPolicy
+from fastfs.fsio.policy import ScanPolicy, Siblings
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.source import FileKey, Source, SourceFile, split, stat_key
 from fastfs.fsio.trace import DecisionLog
@@ -93,6 +93,8 @@ SCAN_FETCH_WAIT = 0.5
 # Directories whose scan state is remembered (least recently used forgotten first). Not learn.py's
 # MAX_DIRS, which bounds the directories whose access sets are learned.
 MAX_SCAN_DIRS = 1024
+# Parents whose subdirectory listing is kept indexed for walks (readahead.walk_ahead).
+MAX_SIBLING_LISTS = 64
 # Paths whose fetched metadata is remembered.
 MAX_META = 200_000
 # How remembered metadata is trusted (Scanner.trust): younger than the bound; its directory verified.
@@ -170,6 +172,10 @@ class Scanner:
         self._meta_lock = threading.Lock()
         self._metadata_threads: concurrent.futures.ThreadPoolExecutor | None = None  # made on first need (_meta_lock)
         self._fetching: dict[str, threading.Event] = {}  # path -> set when its scan fetch ends; _meta_lock
+        # Walks (readahead.walk_ahead), guarded by _dirs_lock: parent -> the child directory the reader
+        # entered last; parent -> (its listing, that listing's subdirectories indexed) for the last one.
+        self._walks: OrderedDict[str, str] = OrderedDict()
+        self._siblings: OrderedDict[str, tuple[list[Dirent], Siblings]] = OrderedDict()
 
     def reconfigure(self, readahead: ReadaheadConfig) -> None:
         self.readahead = readahead
@@ -366,6 +372,7 @@ class Scanner:
         name = parts[-1]
         ds = self.dir_scan(dir_path)
         with ds.lock:
+            arrived = not ds.policy.opened  # the reader's first open in this directory (or epoch)
             if ds.policy.epoch_over(name, ds.known):
                 ds.policy = ScanPolicy(self.readahead.scan_trigger)
                 ds.queue.clear()
@@ -385,6 +392,8 @@ class Scanner:
                 ds.queue.extend(n for n in names if n not in ds.policy.opened)
                 ds.known = max(ds.known, len(learned.names))
             self._pump(dir_path, ds)
+        if arrived and len(parts) > 1 and self.readahead.walk_ahead > 0 and self.dirs is not None:
+            self._arrived(dir_path)
         if start:
             self.trace("%s: small-file scan: several of its files opened in a short span, fetching the rest", dir_path)
             self.stats.add(m.SCANS)
@@ -393,6 +402,50 @@ class Scanner:
                     ds.policy.active = False
         elif ds.queue:
             self._pump(dir_path, ds)
+
+    # -- walks --------------------------------------------------------------------------------------
+    def _arrived(self, dir_path: str) -> None:
+        """The reader opened its first file in *dir_path*: when it came from a sibling directory, the
+        walk's next siblings are scanned ahead (:meth:`_walk_ahead`, on the pool: it lists the parent)."""
+        parent = parent_of(dir_path)
+        child = dir_path.rsplit("/", 1)[1]
+        with self._dirs_lock:
+            previous = self._walks.pop(parent, None)
+            self._walks[parent] = child
+            if len(self._walks) > MAX_SCAN_DIRS:
+                self._walks.popitem(last=False)
+        if previous is not None and previous != child:
+            self.pool.submit_prefetch(functools.partial(self._walk_ahead, parent, previous, child))
+
+    def _walk_ahead(self, parent: str, previous: str, child: str) -> None:
+        """Worker: scan the siblings after *child* that :meth:`Siblings.walk_ahead` names, each unless
+        it has a scan or a reader already."""
+        if self.closed or self.dirs is None:
+            return
+        try:
+            entries = self.dirs.listing(parent)  # shared with the kernel's: one stat when unchanged
+        except OSError:
+            return
+        with self._dirs_lock:
+            kept = self._siblings.get(parent)
+            if kept is None or kept[0] is not entries:
+                kept = (entries, Siblings.of([e[0] for e in entries if e[1] == stat.S_IFDIR]))
+                self._siblings[parent] = kept
+                if len(self._siblings) > MAX_SIBLING_LISTS:
+                    self._siblings.popitem(last=False)
+            else:
+                self._siblings.move_to_end(parent)
+        prefix = parent.rstrip("/") + "/"
+        for name in kept[1].walk_ahead(previous, child, self.readahead.walk_ahead):
+            path = prefix + name
+            ds = self.dir_scan(path)
+            with ds.lock:
+                if ds.policy.active or ds.policy.opened:
+                    continue
+                ds.policy.active = True
+            self.trace("%s: walk from %s into %s: scanning %s ahead", parent, previous, child, name)
+            self.stats.add(m.WALK_AHEAD)
+            self._start_scan(path, ds)
 
     def _start_scan(self, dir_path: str, ds: DirScan) -> None:
         try:

@@ -44,6 +44,7 @@ SEQ_RESETS = "sequential_resets"  # sequential streams that collapsed on a seek
 RANDOM_STREAMS = "random_streams"
 SCANS = "small_file_scans"
 SCAN_FILES = "small_file_scan_files"  # files fetched whole by scans
+WALK_AHEAD = "walk_ahead_scans"  # directories scanned ahead of a walk of their parent (readahead.walk_ahead)
 SCAN_SKIPPED = "small_file_scan_skipped"  # queued scan fetches not made: the reader opened the file first
 SCAN_AWAITED = "opens_awaited_scan"  # opens that waited for the scan's fetch of their file under way
 SCAN_AWAIT_TIMEOUTS = "opens_awaited_scan_timeouts"  # ... and gave up waiting (the open then asked the source)
@@ -94,6 +95,7 @@ COUNTERS = (
     SCANS,
     SCAN_FILES,
     SCAN_SKIPPED,
+    WALK_AHEAD,
     SCAN_AWAITED,
     SCAN_AWAIT_TIMEOUTS,
     FORMAT_PLANS,

@@ -115,7 +115,8 @@ def format_summary(snap: dict[str, Any]) -> str:
         f"  patterns           {c.get('sequential_streams', 0)} sequential streams"
         f" ({c.get('sequential_resets', 0)} reset), {c.get('random_streams', 0)} random,"
         f" {c.get('small_file_scans', 0)} small-file scans ({c.get('small_file_scan_files', 0)} files,"
-        f" {c.get('small_file_scan_skipped', 0)} left to a reader that opened them first),"
+        f" {c.get('small_file_scan_skipped', 0)} left to a reader that opened them first;"
+        f" {c.get('walk_ahead_scans', 0)} directories scanned ahead of a walk),"
         f" {c.get('format_plans', 0)} format plans, {c.get('mmap_streams', 0)} mmap,"
         f" {c.get('learned_plans', 0)} learned plans ({c.get('learned_files_used', 0)} files used),"
         f" {c.get('learned_whole_plans', 0)} files loaded whole as last time",

@@ -17,6 +17,7 @@ from fastfs.fsio.policy import (
     ZERO_BET_MIN,
     RangePlan,
     ScanPolicy,
+    Siblings,
     StreamPolicy,
     listing_attributes,
 )
@@ -371,3 +372,36 @@ def test_range_plan_check_names_the_broken_invariant() -> None:
 )
 def test_listings_carry_attributes_only_on_local_sources(setting: bool, local: bool, attributes: bool) -> None:
     assert listing_attributes(setting, local) is attributes
+
+
+# -- walks (readahead.walk_ahead) ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("listing", "previous", "arrived", "depth", "ahead"),
+    [
+        (["a", "b", "c", "d"], "a", "b", 1, ["c"]),  # name order
+        (["a", "b", "c", "d"], "a", "b", 2, ["c", "d"]),
+        (["a", "b", "c", "d"], "c", "d", 1, []),  # the last one: nothing after it
+        (["a", "b", "c", "d"], "a", "c", 1, []),  # a jump is no walk
+        (["a", "b", "c", "d"], "c", "b", 1, []),  # backwards is no walk
+        (["a", "b", "c", "d"], "b", "b", 1, []),  # the same directory again
+        (["a", "b", "c", "d"], "a", "b", 0, []),  # off
+        (["d", "b", "a", "c"], "d", "b", 1, ["a"]),  # the listing's own order (find, du: readdir order)
+        (["d", "b", "a", "c"], "a", "b", 1, ["c"]),  # or name order (os.walk sorted, rsync)
+        (["a", "b"], "x", "b", 1, []),  # a sibling not listed (gone, or not a directory)
+        (["a", "b"], "a", "x", 1, []),
+        ([], "a", "b", 1, []),
+    ],
+)
+def test_walk_ahead_table(listing, previous, arrived, depth, ahead) -> None:
+    assert Siblings.of(listing).walk_ahead(previous, arrived, depth) == ahead
+
+
+@given(st.lists(st.text("abcdef", min_size=1, max_size=3), unique=True, min_size=2, max_size=30), st.data())
+def test_walk_ahead_names_only_siblings_after_the_arrival(names, data) -> None:
+    order = sorted(names)
+    i = data.draw(st.integers(1, len(order) - 1))
+    depth = data.draw(st.integers(0, 4))
+    ahead = Siblings.of(names).walk_ahead(order[i - 1], order[i], depth)
+    assert len(ahead) <= depth and set(ahead) <= set(names) and order[i] not in ahead and order[i - 1] not in ahead
+    if names == order:
+        assert ahead == order[i + 1 : i + 1 + depth]
