@@ -429,7 +429,9 @@ class Scanner:
         with self._dirs_lock:
             kept = self._siblings.get(parent)
             if kept is None or kept[0] is not entries:
-                kept = (entries, Siblings.of([e[0] for e in entries if e[1] == stat.S_IFDIR]))
+                # directories, and the entries of unknown type (a FUSE source's DT_UNKNOWN: a scan of one
+                # that is no directory fails its one listing request)
+                kept = (entries, Siblings.of([e[0] for e in entries if e[1] in (stat.S_IFDIR, 0)]))
                 self._siblings[parent] = kept
                 if len(self._siblings) > MAX_SIBLING_LISTS:
                     self._siblings.popitem(last=False)

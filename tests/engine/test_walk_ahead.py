@@ -94,3 +94,20 @@ def test_walk_ahead_off_fetches_nothing_ahead(tmp_path: Path, walk_ahead: str) -
         assert counter(engine, m.WALK_AHEAD) == 0 and counter(engine, m.SCAN_FILES) == 0
     finally:
         engine.close()
+
+
+def test_a_walk_over_a_source_that_gives_no_entry_types_is_scanned_ahead(tmp_path: Path) -> None:
+    # FUSE sources such as the benchmarks' emulator list DT_UNKNOWN: every entry has type 0, and the
+    # walk's siblings are those entries (the walk of issue 21's tree found none: 0 scans ahead)
+    engine = make(tmp_path)
+    dirs = engine.scanner.dirs
+    assert dirs is not None
+    real_listing = dirs.listing
+    dirs.listing = lambda path: [(name, 0, ino) for name, _kind, ino in real_listing(path)]  # type: ignore[method-assign]
+    try:
+        read_dir(engine, "a", 2)
+        read_dir(engine, "b", 1)
+        settle(engine, m.SCAN_FILES, FILES)
+        assert counter(engine, m.WALK_AHEAD) == 1 and counter(engine, m.SCAN_FILES) == FILES
+    finally:
+        engine.close()
