@@ -30,12 +30,20 @@ nothing, each later open asks again, and a second epoch after a long pause costs
 A file the kernel holds the pages of (opened before on this mount) gets only its metadata fetched by
 a scan (:meth:`Scanner._scan_stat`); a small file the disk tier holds whole keeps only its metadata
 and has its data file asked into the page cache.
+Two readers of one file are one source request: an open of a small file whose scan fetch is under
+way waits for it (:meth:`Scanner.await_fetch`, at most :data:`SCAN_FETCH_WAIT`) and is answered from
+its metadata, and a queued fetch of a file the reader opened first is not made (parallel readers keep
+pace with a scan on storage answering lookups one at a time: each file was otherwise opened twice).
+A walk of sibling directories (the reader enters a directory right after the sibling before it, in
+the listing's order or in name order: :meth:`fastfs.fsio.policy.Siblings.walk_ahead`) has the next
+``readahead.walk_ahead`` siblings scanned before the reader gets there (:meth:`Scanner._walk_ahead`).
 Scans list their directory through the engine's listings (:mod:`fastfs.fsio.dirs`): one listing
 shared with the kernel's, and the basis the fetched files remember.
 
 Concurrency: ``_dirs_lock`` guards ``_dirs`` (the scan states, least recently used forgotten
-first); each :class:`DirScan` has its own ``lock`` guarding all of its fields. ``_meta_lock``
-guards ``_meta`` and ``_metadata_threads``. No lock is held across I/O: fetches and lstats run on
+first), ``_walks`` and ``_siblings``; each :class:`DirScan` has its own ``lock`` guarding all of its
+fields. ``_meta_lock`` guards ``_meta``, ``_fetching`` and ``_metadata_threads``; an open waits on a
+fetch's event with no lock held. No lock is held across I/O: fetches and lstats run on
 the pool or the metadata threads, and ``_pump`` submits outside the scan's lock. ``versions`` (the
 handle table's, path -> last version) is read without its lock: one atomic lookup, a hint only.
 """
