@@ -380,7 +380,7 @@ class Scanner:
         name = parts[-1]
         ds = self.dir_scan(dir_path)
         with ds.lock:
-            arrived = not ds.policy.opened  # the reader's first open in this directory (or epoch)
+            arrived = not ds.policy.opened  # the reader's first open in this directory (a new epoch is no arrival)
             if ds.policy.epoch_over(name, ds.known):
                 ds.policy = ScanPolicy(self.readahead.scan_trigger)
                 ds.queue.clear()
@@ -418,9 +418,10 @@ class Scanner:
         parent = parent_of(dir_path)
         child = dir_path.rsplit("/", 1)[1]
         with self._dirs_lock:
-            previous = self._walks.pop(parent, None)
+            previous = self._walks.get(parent)
             self._walks[parent] = child
-            if len(self._walks) > MAX_SCAN_DIRS:
+            self._walks.move_to_end(parent)
+            if len(self._walks) > MAX_SCAN_DIRS:  # (bounded like the scan states: one per parent walked)
                 self._walks.popitem(last=False)
         if previous is not None and previous != child:
             self.pool.submit_prefetch(functools.partial(self._walk_ahead, parent, previous, child))
