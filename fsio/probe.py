@@ -27,7 +27,10 @@ every tensor. A larger plan is released as the loader proves it reads on, as in 
 (its fills still queue in offset order on the stream). No head windows: each would be a read at a
 distant offset on the stream (a restart); a plan fetched whole holds the heads in its blocks, and
 otherwise the loader's own reads of them go to the file's descriptor, as a direct reader's would.
-The probe's own reads inside the first block come from block 0, filled first on the stream, and a
+The probe's own reads inside the first block come from block 0, filled first on the stream (once
+the shape is settled: while it only waits for the jump probe of an unknown FUSE client, the head is
+one read of :data:`~fastfs.fsio.formats.HEAD_BYTES`, so a file read at random there does not pay
+for a whole block: most such clients read any offset on any handle), and a
 reader's read outside blocks while the probe runs waits for its plan (``format.planned``, at most
 :data:`~fastfs.fsio.fills.PLAN_WAIT` seconds) and is then served from the plan's block: a loader
 that parses the header as fast as the probe does and reaches for a tensor before the plan is queued
@@ -161,7 +164,8 @@ class FormatProbe:
         cached = self._cached_range(entry, offset, length)
         if cached is not None:  # warmed or scanned already: no source read for the probe
             return cached
-        if self.fills.shaper.sequential and offset + length <= self.block_size:
+        shaper = self.fills.shaper
+        if shaper.sequential and not shaper.provisional and offset + length <= self.block_size:
             buf = bytearray(max(0, min(length, entry.size - offset)))
             n = self.fills.from_stream_block(entry, offset, memoryview(buf))
             if n is not None:

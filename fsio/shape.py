@@ -189,6 +189,12 @@ class Shaper:
         """The shape in force is SEQUENTIAL (one attribute load; read on every block fill)."""
         return self.shape.kind == SEQUENTIAL
 
+    @property
+    def provisional(self) -> bool:
+        """The shape in force only waits for the jump probe (due or running): SEQUENTIAL so the source
+        moves no more than the reader asks, not yet known to be a stream (one attribute load)."""
+        return self.probe_state in (PROBE_DUE, PROBE_RUNNING)
+
     def claim_probe(self, size: int) -> bool:
         """True once, for the caller that is to probe a file of *size* bytes (then :meth:`probed` or
         :meth:`probe_failed`); False when no probe is due or the file is too small."""

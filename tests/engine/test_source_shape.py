@@ -23,7 +23,7 @@ import pytest
 from conftest import wait_for
 
 from fastfs.config import Config
-from fastfs.fsio import shape, source
+from fastfs.fsio import formats, shape, source
 from fastfs.fsio.engine import Engine
 from fastfs.fsio.shape import PARALLEL, SEQUENTIAL
 
@@ -242,6 +242,42 @@ def test_unknown_fuse_client_is_probed_once_on_the_first_large_file(tmp_path: Pa
     assert (section["probe_continue_ms"], section["probe_jump_ms"]) == (0.5, 30.0)
 
 
+def test_a_random_reader_pays_no_block_while_the_shape_waits_for_the_jump_probe(tmp_path: Path, monkeypatch) -> None:
+    """An unknown FUSE client is read in order until its jump probe tells; meanwhile the format probe
+    of a large file reads its head alone (64 KiB), not block 0 on the stream: 2,000 random 4 KiB
+    preads of a 1 GiB file over sshfs had fetched 1.51x what they delivered for that 4 MiB block."""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(48 * MIB)
+    (src / "r.bin").write_bytes(data)
+    _fake_mount_table(tmp_path, src, "fuse.unknownfs", monkeypatch)
+    release = threading.Event()
+
+    def probe(path: str, size: int) -> tuple[float, float]:
+        release.wait(GATE_TIMEOUT)  # the probe runs for the whole test: the shape stays provisional
+        return 0.0005, 0.0005
+
+    engine = Engine(str(src), _config("auto"))
+    engine.fills.jump_probe = probe
+    offsets = [(i * 7919 * 4096) % (len(data) - 4 * MIB) + 4 * MIB for i in range(64)]  # outside block 0
+    try:
+        fh = engine.open("/r.bin").fh
+        assert wait_for(lambda: engine.snapshot()["source"]["probe"] == shape.PROBE_RUNNING, timeout=10)
+        assert wait_for(lambda: not engine.handles.get(fh).format.planning, timeout=10)  # its head was read
+        assert engine.shaper.sequential  # (in order until the probe tells)
+        for offset in offsets:
+            assert engine.read(fh, offset, 4096) == data[offset : offset + 4096]
+        engine.release(fh)
+        counters = engine.snapshot()["counters"]
+    finally:
+        release.set()
+        engine.close()
+    assert counters["stream_fills"] == 0
+    assert counters["bytes_fetched_prefetch"] <= formats.HEAD_BYTES  # the format probe's head, nothing more
+    fetched = counters["bytes_fetched_prefetch"] + counters["bytes_fetched_demand"]
+    assert fetched <= len(offsets) * 4096 + formats.HEAD_BYTES
+
+
 def test_jump_probe_reads_one_fresh_handle(tmp_path: Path) -> None:
     """The probe's I/O on a real file: positive timings; a file too small to jump far is refused."""
     src = tmp_path / "src"
@@ -437,7 +473,6 @@ def test_a_block_queued_while_the_probe_parses_waits_for_the_plans_order(tmp_pat
     """A reader's block further on, queued while the format probe parses the head it got from block 0,
     is read in file order with the plan's blocks (the stream waits for the plan before its next
     read), not ahead of them: no jump forward and back."""
-    from fastfs.fsio import formats
     from fastfs.fsio import probe as probe_module
 
     src = tmp_path / "src"

@@ -126,13 +126,15 @@ def test_probe_reads_plan():
 def test_shaper_probe_lifecycle():
     shaper = shape.Shaper(SourceFacts("fuse.unknownfs"))
     assert shaper.sequential and shaper.probe_state == shape.PROBE_DUE  # in order until the probe tells
+    assert shaper.provisional
     assert not shaper.claim_probe(1024 * 1024)  # too small to probe
     assert shaper.claim_probe(shape.PROBE_MIN_SIZE)
+    assert shaper.provisional  # running: still only waiting for the answer
     assert not shaper.claim_probe(shape.PROBE_MIN_SIZE)  # once
     shaper.unclaim_probe()  # could not be started: due again
     assert shaper.claim_probe(shape.PROBE_MIN_SIZE)
     chosen = shaper.probed(0.0015, 0.0016)
-    assert chosen.kind == PARALLEL and not shaper.sequential
+    assert chosen.kind == PARALLEL and not shaper.sequential and not shaper.provisional
     report = shaper.report()
     assert report["probe"] == shape.PROBE_DONE
     assert (report["probe_continue_ms"], report["probe_jump_ms"]) == (1.5, 1.6)
@@ -142,6 +144,8 @@ def test_shaper_probe_lifecycle():
     assert stream.claim_probe(shape.PROBE_MIN_SIZE)
     assert stream.probed(0.0005, 0.030).kind == SEQUENTIAL
     assert "30.0 ms" in stream.report()["reason"]
+    assert stream.sequential and not stream.provisional  # settled: a stream
+    assert not shape.Shaper(SourceFacts("fuse.rclone")).provisional  # a known client needs no probe
 
 
 def test_shaper_failed_probes_settle_without_one():
