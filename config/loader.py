@@ -163,7 +163,7 @@ def parse_id(value: Any, key: str, user: bool) -> int:
         return int(text)
     try:
         return pwd.getpwnam(text).pw_uid if user else grp.getgrnam(text).gr_gid
-    except KeyError:
+    except (KeyError, ValueError):  # (ValueError: a name with a NUL byte, which no name has)
         raise ConfigError(f"{key}: no {kind} named {text!r}", key) from None
 
 

@@ -132,7 +132,7 @@ class DirScan:
     lock: threading.Lock = field(default_factory=threading.Lock)
     queue: deque[str] = field(default_factory=deque)  # names to fetch, in order
     known: int = 0  # entries of the directory (listing or learned set), for the policy's epoch test
-    inflight: int = 0  # fetches submitted and not finished
+    inflight: int = 0  # fetches submitted and not finished (and a scan's listing job until it hands over)
     ahead: dict[str, int] = field(default_factory=dict)  # name -> cache capacity of files fetched, not opened yet
     ahead_bytes: int = 0  # sum of those capacities
     sized: int = 0  # files this scan fetched, and their capacity in all (the mean estimates fetches in flight)
@@ -405,8 +405,11 @@ class Scanner:
         if start:
             self.trace("%s: small-file scan: several of its files opened in a short span, fetching the rest", dir_path)
             self.stats.add(m.SCANS)
-            if not self.pool.submit_prefetch(lambda: self._start_scan(dir_path, ds)):
+            with ds.lock:
+                ds.inflight += 1  # the listing job counts as a fetch in flight until it hands over
+            if not self.pool.submit_prefetch(lambda: self._start_scan(dir_path, ds, counted=True)):
                 with ds.lock:
+                    ds.inflight -= 1
                     ds.policy.active = False
         elif ds.queue:
             self._pump(dir_path, ds)
@@ -458,29 +461,44 @@ class Scanner:
             self.stats.add(m.WALK_AHEAD)
             self._start_scan(path, ds)
 
-    def _start_scan(self, dir_path: str, ds: DirScan) -> None:
+    def _start_scan(self, dir_path: str, ds: DirScan, counted: bool = False) -> None:
+        """List the directory, queue the scan's plan and start its fetches. *counted*: run as a pool
+        job that the caller counted in ``ds.inflight``, handed over to the first fetch (see
+        :meth:`_pump`) or given back however the job ends."""
+        pumped = False
         try:
-            if self.dirs is not None:  # the listing the kernel's listings share (one stat when unchanged)
-                listing = [entry[0] for entry in self.dirs.listing(dir_path)]
-            else:
-                listing = self.source.listdir(dir_path)
-        except OSError:
-            return
-        known = len(listing)
-        listing = self._stale_names(dir_path, listing)
-        with ds.lock:
-            ds.known = max(ds.known, known)
-            queued = set(ds.queue)
-            plan = ds.policy.plan(listing)[: self.readahead.scan_max_files]
-            ds.queue.extend(n for n in plan if n not in queued)
-        self._pump(dir_path, ds)
+            try:
+                if self.dirs is not None:  # the listing the kernel's listings share (one stat when unchanged)
+                    listing = [entry[0] for entry in self.dirs.listing(dir_path)]
+                else:
+                    listing = self.source.listdir(dir_path)
+            except OSError:
+                return
+            known = len(listing)
+            listing = self._stale_names(dir_path, listing)
+            with ds.lock:
+                ds.known = max(ds.known, known)
+                queued = set(ds.queue)
+                plan = ds.policy.plan(listing)[: self.readahead.scan_max_files]
+                ds.queue.extend(n for n in plan if n not in queued)
+            pumped = True
+            self._pump(dir_path, ds, finished=counted)
+        finally:
+            if counted and not pumped:
+                with ds.lock:
+                    ds.inflight -= 1
 
-    def _pump(self, dir_path: str, ds: DirScan) -> None:
+    def _pump(self, dir_path: str, ds: DirScan, finished: bool = False) -> None:
         """Keep up to SCAN_PARALLEL fetches in flight and SCAN_LEAD_FILES (and a share of the budget)
-        fetched ahead."""
+        fetched ahead. *finished*: called by a fetch that ended, which leaves the in-flight count in
+        the same locked step that counts its successor, so ``inflight`` never reads 0 while a
+        finishing fetch is about to submit the next one (a scan seen idle is idle)."""
         prefix = dir_path.rstrip("/") + "/"
         while True:
             with ds.lock:
+                if finished:
+                    ds.inflight -= 1
+                    finished = False
                 if (
                     not ds.queue
                     or ds.inflight >= SCAN_PARALLEL
@@ -549,9 +567,7 @@ class Scanner:
                     del self._fetching[path]
                 done.set()
         finally:
-            with ds.lock:
-                ds.inflight -= 1
-            self._pump(dir_path, ds)
+            self._pump(dir_path, ds, finished=True)
 
     def _fetch_whole(self, ds: DirScan, path: str) -> None:
         """The fetch of :meth:`_scan_fetch`: one open, one pread into block 0, the metadata remembered."""
@@ -612,9 +628,7 @@ class Scanner:
             if stat.S_ISREG(st.st_mode) and st.st_size <= self.scan_max():
                 self.remember_meta(path, st, stat_key(st), basis, before)
         finally:
-            with ds.lock:
-                ds.inflight -= 1
-            self._pump(dir_path, ds)
+            self._pump(dir_path, ds, finished=True)
 
     def _scan_meta_only(self, path: str, src: SourceFile, basis: Basis | None, fetched_at: float) -> bool:
         """A scan's fetch of a small file the disk tier holds whole: only its metadata is kept (the

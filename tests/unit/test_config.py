@@ -258,6 +258,8 @@ def test_ownership_options_on_the_command_line():
         ({"fuse.file_mode": "rw-r--r--"}, "fuse.file_mode: expected octal"),
         ({"fuse.uid": "no-such-user-here"}, "fuse.uid: no user named"),
         ({"fuse.gid": "no-such-group-here"}, "fuse.gid: no group named"),
+        ({"fuse.uid": "\x00"}, "fuse.uid: no user named"),  # (a NUL byte: getpwnam raised ValueError)
+        ({"fuse.gid": "a\x00b"}, "fuse.gid: no group named"),
         ({"fuse.uid": "-2"}, "fuse.uid: must be"),
         ({"fuse.gid": str(2**32)}, "fuse.gid: must be"),
     ],
