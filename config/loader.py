@@ -196,7 +196,10 @@ def _convert(value: Any, type_name: str, key: str) -> Any:
     if type_name == "str":
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{key}: expected a string, got {type(value).__name__}")
-        return "" if value is None else str(value)
+        text = "" if value is None else str(value)
+        if "\0" in text:  # (YAML can say "\0"; no path, name or address holds one, and os calls raise on it)
+            raise ConfigError(f"{key}: contains a NUL byte: {text!r}", key)
+        return text
     raise ConfigError(f"{key}: unsupported type {type_name}")  # pragma: no cover - schema bug
 
 

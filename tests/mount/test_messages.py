@@ -68,6 +68,15 @@ def test_config_file_errors_name_file_and_line(paths: tuple[Path, Path], tmp_pat
     assert not is_mounted(mnt)
 
 
+def test_a_nul_byte_in_a_config_path_is_a_one_line_error(paths: tuple[Path, Path], tmp_path: Path) -> None:
+    """A YAML "\\0" in a path setting: the mount command printed a ValueError traceback."""
+    _src, mnt = paths
+    config = tmp_path / "c.yaml"
+    config.write_text(f'source: "/data/s\\0rc"\nmountpoint: {mnt}\n')
+    assert _error(run_cli("mount", "--config", config)) == f"{config}:1: source: contains a NUL byte: '/data/s\\x00rc'"
+    assert not is_mounted(mnt)
+
+
 def test_help_lists_the_new_commands_and_options() -> None:
     top = run_cli("--help")
     assert top.returncode == 0

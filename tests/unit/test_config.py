@@ -270,6 +270,24 @@ def test_bad_ownership_values(overrides, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('state:\n  dir: "/tmp/a\\0b"\n', "state.dir"),
+        ('log:\n  file: "/tmp/l\\0g"\n', "log.file"),
+        ('source: "/data/s\\0rc"\n', "source"),
+    ],
+)
+def test_a_nul_byte_in_a_string_setting_is_a_one_line_error(tmp_path, text, key):
+    """YAML can spell a NUL byte ("\\0"); every os call given such a path raised ValueError, and the
+    mount command died with a traceback instead."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert f"{key}: contains a NUL byte" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_memory_problems_of_the_budget() -> None:
     """A budget above the machine's memory is an error, one above 3/4 of it a warning (issue 24 item 6)."""
     gib = 1 << 30
