@@ -463,17 +463,13 @@ class Scanner:
 
     def _start_scan(self, dir_path: str, ds: DirScan, counted: bool = False) -> None:
         """List the directory, queue the scan's plan and start its fetches. *counted*: run as a pool
-        job that the caller counted in ``ds.inflight``, handed over to the first fetch (see
-        :meth:`_pump`) or given back however the job ends."""
-        pumped = False
+        job that the caller counted in ``ds.inflight``, handed over to the first fetch by
+        :meth:`_pump` however the listing ends."""
         try:
-            try:
-                if self.dirs is not None:  # the listing the kernel's listings share (one stat when unchanged)
-                    listing = [entry[0] for entry in self.dirs.listing(dir_path)]
-                else:
-                    listing = self.source.listdir(dir_path)
-            except OSError:
-                return
+            if self.dirs is not None:  # the listing the kernel's listings share (one stat when unchanged)
+                listing = [entry[0] for entry in self.dirs.listing(dir_path)]
+            else:
+                listing = self.source.listdir(dir_path)
             known = len(listing)
             listing = self._stale_names(dir_path, listing)
             with ds.lock:
@@ -481,12 +477,10 @@ class Scanner:
                 queued = set(ds.queue)
                 plan = ds.policy.plan(listing)[: self.readahead.scan_max_files]
                 ds.queue.extend(n for n in plan if n not in queued)
-            pumped = True
-            self._pump(dir_path, ds, finished=counted)
+        except OSError:
+            pass  # (no listing: nothing queued; what an earlier plan queued is still fetched)
         finally:
-            if counted and not pumped:
-                with ds.lock:
-                    ds.inflight -= 1
+            self._pump(dir_path, ds, finished=counted)
 
     def _pump(self, dir_path: str, ds: DirScan, finished: bool = False) -> None:
         """Keep up to SCAN_PARALLEL fetches in flight and SCAN_LEAD_FILES (and a share of the budget)
