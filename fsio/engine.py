@@ -192,6 +192,7 @@ class Engine:
         self.refresher = Refresher(
             self.dirs, self.handles, self.cache, self.source, self.config.fuse.dir_timeout,
             file_period=max(MIN_FILE_PERIOD, self.config.fuse.revalidate_bound), clock=self.clock,
+            shaper=self.shaper,
         )  # fmt: skip
         self.refresher.listeners.append(self._file_grew)
 

@@ -11,10 +11,10 @@ import pytest
 
 from fastfs.config import load_config
 from fastfs.fsio.cache import READY
-from fastfs.fsio.changes import Change, DirChange, Growth
+from fastfs.fsio.changes import GROWTH_CHECK, Change, DirChange, Growth
 from fastfs.fsio.dirs import DirListings
 from fastfs.fsio.engine import Engine
-from fastfs.fsio.refresh import FileWatch
+from fastfs.fsio.refresh import FileWatch, Refresher
 from fastfs.fsio.source import Source
 
 S = 1_000_000_000
@@ -304,6 +304,41 @@ def test_a_rewritten_or_replaced_file_is_not_growth(grow_engine) -> None:
     finally:
         engine.release(fr)
         engine.release(fp)
+
+
+def test_a_stream_source_is_not_read_at_the_end_for_the_growth_sample(tmp_path: Path, monkeypatch) -> None:
+    """In the sequential shape (a stream-oriented client) the sample of an open file's end comes from
+    RAM once the stream has brought it in, never from a read at the end of the source file: on rclone
+    that read restarted the handle's download (the server read 1.30x the file for one np.load)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(700 * KIB + 77)
+    (src / "s").write_bytes(data)
+    reads: list[tuple[int, int]] = []
+    real_read = Refresher._read
+
+    def counted(file, offset: int, length: int) -> bytes:
+        reads.append((offset, length))
+        return real_read(file, offset, length)
+
+    monkeypatch.setattr(Refresher, "_read", staticmethod(counted))
+    for shape, source_reads in (("sequential", 0), ("parallel", 1)):
+        engine = make_engine(src, tmp_path / shape, **{"readahead.source_shape": shape})
+        reads.clear()
+        fh = engine.open("/s").fh
+        entry = engine.handles.get(fh)
+        watch = FileWatch()
+        try:
+            assert engine.refresher.check_file(entry, watch) is Change.SAME  # nothing read yet
+            assert len(reads) == source_reads
+            assert (watch.sample is None) == (source_reads == 0)
+            assert _read_all(engine, fh, len(data)) == data  # the end is in RAM now
+            assert engine.refresher.check_file(entry, watch) is Change.SAME
+            assert len(reads) == source_reads  # from RAM
+            assert watch.sample is not None and watch.sample == (len(data), data[-GROWTH_CHECK:])
+        finally:
+            engine.release(fh)
+            engine.close()
 
 
 def test_the_refresher_checks_nothing_when_nothing_is_used_or_open(tmp_path: Path) -> None:
