@@ -46,6 +46,12 @@ _STATE_DIR: list[str] = []
 _RUNTIME_DIR = tempfile.mkdtemp(prefix="fastfs-test-run-")
 atexit.register(shutil.rmtree, _RUNTIME_DIR, True)
 os.environ.setdefault(mounttable.RUNTIME_ENV, _RUNTIME_DIR)
+# A suite started in the background by a shell without job control (`sh -c "make test &"`, nohup)
+# inherits SIGINT ignored, and so would every reader and CLI the tests start: the tests that press
+# ctrl-c on them (a reader of a hung file, `stats --watch`, `warm`) then wait in vain. Children of a
+# process that handles SIGINT get the default action at exec, as from an interactive shell.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _session_state_dir() -> str:
