@@ -46,8 +46,8 @@ Growth of one open version (:meth:`Refresher.check_file`):
 The one gap: a file rewritten in place (same inode) and grown before its sample was taken (within
 one file period, ``fuse.revalidate``, of the open; on a sequential-shape source, before RAM held its
 end), whose end RAM does not hold (passthrough opens never fill RAM), has no reference to compare
-with and is taken for grown by its times alone. Passthrough
-readers of a file rewritten in place read its new bytes from the source in any case.
+with and is taken for grown by its times alone. Passthrough readers of a file rewritten in place
+read its new bytes from the source in any case.
 
 A version read by passthrough from its disk-tier copy is not checked: the kernel reads a copy of the
 old size. The entry's key (its RAM blocks' key) stays that of the version opened: the blocks before
