@@ -10,6 +10,15 @@ here). Per request the loop allocates nothing but the header's fields and the bo
 worker's one :class:`Request` is refilled, and a single-bytes reply is written inline. A read of
 ``ENODEV`` means the connection is gone (unmounted or aborted): the worker ends.
 
+Readers. At most :data:`SPARE_READERS` workers wait in the device read at once; the others park,
+each on a lock of its own. A worker that takes the last reader's place (every reader now busy
+serving) wakes one parked worker first (counted as a reader by the waker, so it never parks again on
+the way), so a request that blocks on a slow or hung source never keeps the next one waiting; a
+worker done with its request parks if enough others are reading. The worker woken is the one parked
+last (the warmest). A serial stream of requests is so served by the same two warm threads (what
+libfuse's multithreaded loop does by starting threads only when all are busy), and parallel requests
+by as many workers as arrive at once, up to ``threads``.
+
 Handlers are plain callables ``handler(request, body) -> reply`` from the operations adapter, where
 ``body`` is a view of the request after its header, valid only during the call. A reply is a
 bytes-like payload, a list of them (sent in order by one writev), None (success without payload)
@@ -38,7 +47,9 @@ Notifications (invalidations) may block in the kernel on locks a request in flig
 are written by their own thread from a deduplicated queue (:class:`Notifier`).
 
 Concurrency: ``Worker.current`` is written only by its worker (and by :meth:`Session.interrupt`,
-which replaces the tuple whole) and read (one tuple, atomically) by the watchdog; ``Worker.abandoned``
+which replaces the tuple whole) and read (one tuple, atomically) by the watchdog; ``_readers``,
+``_parked`` and ``_ending`` are guarded by ``_park`` (a lock of its own: never held across the
+device read, a handler or a wait); ``Worker.abandoned``
 is set once by the watchdog under ``_lock``, which also guards ``_workers``, the counts of abandoned
 workers and of interrupts (``_interrupts``; ``_timeouts`` is written by the watchdog alone). Request
 counters are per worker (no lock on the request path) and summed when read.
@@ -80,6 +91,12 @@ _BENIGN_MASK = sum(1 << (int(s) - 1) for s in BENIGN_SIGNALS)
 # pool time out in the engine first; reads the engine runs on the request's own thread (small exact
 # reads) are bounded by this.
 READ_MARGIN = 2.0
+# Workers waiting in the device read at once; the others park until every reader is busy. The kernel
+# hands a request to the reader that has waited longest, so with all 16 reading a serial stream of
+# requests went each to the coldest thread: open + close of one file took 135 us against 100-113 us
+# with 2 workers (tmpfs source, this 2-core VM). Two keep the hot pair alternating, and a request
+# that arrives while one is being served still finds a reader without a wake-up.
+SPARE_READERS = 2
 # Workers abandoned to hung requests at once before no more are replaced.
 MAX_ABANDONED = 64
 # Request buffer beyond the largest write payload: headers and the longest names.
@@ -124,7 +141,7 @@ class Request:
 class Worker:
     """A thread serving requests from its own clone of the connection's descriptor."""
 
-    __slots__ = ("fd", "buf", "view", "out", "current", "abandoned", "counts", "thread", "owns_fd")
+    __slots__ = ("fd", "buf", "view", "out", "current", "abandoned", "counts", "thread", "owns_fd", "wake")
 
     def __init__(self, fd: int, owns_fd: bool, request_size: int, reply_size: int) -> None:
         self.fd = fd
@@ -136,6 +153,9 @@ class Worker:
         self.abandoned = False
         self.counts: dict[int, int] = {}
         self.thread: threading.Thread | None = None
+        self.wake = threading.Lock()
+        """Held while the worker is not parked; a parked worker waits to acquire it (see Readers)."""
+        self.wake.acquire()
 
 
 class _RateLimitedLog:
@@ -227,6 +247,10 @@ class Session:
         self._errors = _RateLimitedLog()
         self._watchdog: threading.Thread | None = None
         self._closed = False
+        self._park = threading.Lock()
+        self._readers = 0  # workers in (or entering) the device read; guarded by _park
+        self._parked: list[Worker] = []  # waiting on their wake lock, the latest last; guarded by _park
+        self._ending = False  # the connection is gone: parked workers leave; guarded by _park
 
     # -- startup --------------------------------------------------------------------------------
 
@@ -315,18 +339,24 @@ class Session:
         request = Request(0, 0, 0, 0, 0, 0, worker)  # refilled per request (no object per request)
         try:
             while not worker.abandoned:
+                if not self._take_reader_place(worker):
+                    break
                 try:
                     n = os.readv(fd, [buf])
                 except OSError as e:
                     code = e.errno
                     if code in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
+                        self._leave_reader_place()
                         continue
+                    self._end_readers()  # (ENODEV: the connection is gone; any other: unusable)
                     if code != errno.ENODEV:
                         log.error("reading the FUSE device failed: %s", e.strerror)
                     break
+                self._leave_reader_place()
                 if n < _HEADER_SIZE:
-                    if n == 0:
-                        break  # end of the connection (only a socket peer says so this way)
+                    if n == 0:  # end of the connection (only a socket peer says so this way)
+                        self._end_readers()
+                        break
                     continue
                 length, opcode, unique, nodeid, uid, gid, pid, _ext, _pad = unpack(buf)
                 counts[opcode] = counts.get(opcode, 0) + 1
@@ -385,6 +415,38 @@ class Session:
                     pass
             if last:
                 self._stopped.set()
+
+    def _take_reader_place(self, worker: Worker) -> bool:
+        """Wait until *worker* may read the device (parked while :data:`SPARE_READERS` others are);
+        False when the connection is gone."""
+        with self._park:
+            if self._ending:
+                return False
+            if self._readers < SPARE_READERS:
+                self._readers += 1
+                return True
+            self._parked.append(worker)
+        worker.wake.acquire()  # released by the worker that hands it a reader's place, or at the end
+        return not self._ending
+
+    def _leave_reader_place(self) -> None:
+        """The calling worker got a request: when it was the last reader, the most recently parked
+        worker (the warmest) takes a reader's place, counted for it here."""
+        with self._park:
+            self._readers -= 1
+            if self._readers or not self._parked:
+                return
+            woken = self._parked.pop()
+            self._readers += 1
+        woken.wake.release()
+
+    def _end_readers(self) -> None:
+        """The connection is gone: no worker reads again, the parked ones leave."""
+        with self._park:
+            self._ending = True
+            parked, self._parked = self._parked, []
+        for worker in parked:
+            worker.wake.release()
 
     def _send(self, fd: int, unique: int, error: int, payload: Any) -> None:
         size = _OUT_SIZE
@@ -544,6 +606,7 @@ class Session:
         """Stop the notifier and close the session descriptor (after the workers ended)."""
         with self._lock:
             self._closed = True
+        self._end_readers()
         if self.notifier is not None:
             self.notifier.stop()
         self._stopped.set()

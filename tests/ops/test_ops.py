@@ -21,7 +21,7 @@ from fastfs.config.loader import load_config
 from fastfs.daemon.kernel import abi
 from fastfs.daemon.kernel.abi import Op
 from fastfs.daemon.kernel.negotiate import Wishes
-from fastfs.daemon.kernel.session import Session
+from fastfs.daemon.kernel.session import SPARE_READERS, Session
 from fastfs.daemon.ops import CONTROL_ID, STATS_ID, VIRTUAL_FH_BASE, KernelOps
 from fastfs.fsio.engine import Engine
 
@@ -56,11 +56,20 @@ def make_engine(tree: Path, **overrides: str) -> Engine:
 class Served:
     """A KernelOps over an engine, served by a real Session to a FakeKernel."""
 
-    def __init__(self, engine, request_timeout: float = 0.0, ops: KernelOps | None = None, no_open: bool = False):
+    def __init__(
+        self,
+        engine,
+        request_timeout: float = 0.0,
+        ops: KernelOps | None = None,
+        no_open: bool = False,
+        threads: int = 2,
+    ):
         self.engine = engine
         self.ops = ops or KernelOps(engine, {"source": "SRC", "mountpoint": "/mnt/test"}, no_open=no_open)
         self.fk = FakeKernel()
-        self.session = Session(self.fk.fd, self.ops.handlers(), Wishes(), threads=2, request_timeout=request_timeout)
+        self.session = Session(
+            self.fk.fd, self.ops.handlers(), Wishes(), threads=threads, request_timeout=request_timeout
+        )
         self.ops.session = self.session
         unique = self.fk.send(Op.INIT, init_body())
         self.negotiated = self.session.start()
@@ -458,6 +467,30 @@ def test_watchdog_answers_a_hung_request_and_the_rest_keep_working(tree: Path) -
         stub.delay = 0.0
         assert s.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), 1)[0] == 0  # replacement workers serve
         assert s.session.counters()["timeouts"] == 3
+    finally:
+        s.close()
+
+
+def test_serial_requests_keep_to_the_spare_readers_and_busy_ones_wake_the_parked(tree: Path) -> None:
+    """Of 8 workers only SPARE_READERS read the device while requests come one at a time (the rest
+    park: no request goes to a cold thread); requests that block wake parked workers, so the next
+    request is still answered at once."""
+    stub = Stub(tree)
+    s = Served(stub, threads=8)
+    try:
+        for _ in range(200):
+            assert s.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), 1)[0] == 0
+        serving = [w for w in s.session._workers if w.counts]
+        assert 1 <= len(serving) <= SPARE_READERS, [w.counts for w in s.session._workers]
+        stub.delay = 2.0
+        slow = [s.fk.send(Op.LOOKUP, b"x\0", 1) for _ in range(5)]  # more than the spare readers
+        time.sleep(0.3)  # (each now sleeps in its handler)
+        stub.delay = 0.0
+        t0 = time.monotonic()
+        assert s.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), 1)[0] == 0
+        assert time.monotonic() - t0 < 1.0  # served by a woken worker, not after a slow one
+        for unique in slow:
+            assert s.fk.reply(unique, timeout=5)[0] == 0
     finally:
         s.close()
 
