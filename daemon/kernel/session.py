@@ -49,10 +49,10 @@ are written by their own thread from a deduplicated queue (:class:`Notifier`).
 Concurrency: ``Worker.current`` is written only by its worker (and by :meth:`Session.interrupt`,
 which replaces the tuple whole) and read (one tuple, atomically) by the watchdog; ``_readers``,
 ``_parked`` and ``_ending`` are guarded by ``_park`` (a lock of its own: never held across the
-device read, a handler or a wait); ``Worker.abandoned``
-is set once by the watchdog under ``_lock``, which also guards ``_workers``, the counts of abandoned
-workers and of interrupts (``_interrupts``; ``_timeouts`` is written by the watchdog alone). Request
-counters are per worker (no lock on the request path) and summed when read.
+device read, a handler or a wait); ``Worker.abandoned`` is set once by the watchdog under ``_lock``,
+which also guards ``_workers``, the counts of abandoned workers and of interrupts (``_interrupts``;
+``_timeouts`` is written by the watchdog alone). Request counters are per worker (no lock on the
+request path) and summed when read.
 """
 
 from __future__ import annotations
