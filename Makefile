@@ -80,8 +80,8 @@ bench: bench-local bench-latency bench-formats bench-stats bench-disktier
 # (bench_floor.py's reference daemon needs gcc, pkg-config and libfuse3-dev: system-deps installs them.)
 BENCH_APT := fio sqlite3 git rclone sshfs s3fs openssh-server gcc
 bench-deps: setup
-	@for c in fio sqlite3 git rclone sshfs s3fs /usr/sbin/sshd cc; do command -v $$c >/dev/null || exit 1; done || \
-		{ $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq $(BENCH_APT); }
+	@missing=; for c in fio sqlite3 git rclone sshfs s3fs /usr/sbin/sshd cc; do command -v $$c >/dev/null || missing=1; done; \
+		[ -z "$$missing" ] || { $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq $(BENCH_APT); }
 	@$(PYTHON) -c "import moto.server, boto3" 2>/dev/null || $(PIP_INSTALL) 'moto[server]' boto3
 
 # The whole matrix takes hours at --scale 1: split it with BENCH_MATRIX_ARGS="--behaviours base,serial" etc.
