@@ -314,3 +314,16 @@ def _no_leftover_mounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     for mountpoint, _fstype in fuse_mounts():
         if mountpoint == base or mountpoint.startswith(base + os.sep):
             force_unmount(mountpoint)
+
+
+@pytest.fixture(params=["native", "python"])
+def request_loop(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run the test on both request loops: the native one (``daemon/kernel/_loop.c``, skipped when it
+    was not built) and the Python one, which must answer alike (``$FASTFS_LOOP``, read as a session
+    starts; the adapter's tests in tests/ops use it on every test)."""
+    from fastfs.daemon.kernel import session
+
+    if request.param == "native" and session.native_loop is None:
+        pytest.skip("the native request loop is not built (no C compiler at install)")
+    monkeypatch.setenv(session.LOOP_ENV, request.param)
+    yield request.param

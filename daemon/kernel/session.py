@@ -66,6 +66,7 @@ import signal
 import struct
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -73,7 +74,17 @@ from fastfs.daemon.kernel import abi
 from fastfs.daemon.kernel.abi import Op
 from fastfs.daemon.kernel.negotiate import Negotiated, NegotiationError, Offer, Wishes, negotiate
 
+native_loop: types.ModuleType | None
+try:  # the native request loop, built from _loop.c at install when a C compiler was at hand
+    from fastfs.daemon.kernel import _loop as native_loop
+except ImportError:  # pragma: no cover - depends on the install
+    native_loop = None
+
 log = logging.getLogger("fastfs.kernel")
+
+# Environment variable that picks the request loop: "python" (the loop below), "native" (_loop.c,
+# an error when it was not built), unset or anything else: native when built.
+LOOP_ENV = "FASTFS_LOOP"
 
 # Seconds between watchdog passes over the workers' current requests.
 WATCHDOG_TICK = 0.25
@@ -226,8 +237,13 @@ class Session:
         read_timeout: float = 0.0,
         name: str = "fastfs",
         on_abandon: Callable[[int, memoryview], None] | None = None,
+        native: bool | None = None,
     ) -> None:
         self.fd = fd
+        self.native = use_native_loop() if native is None else native
+        """Workers run the native request loop (``_loop.c``); else the Python one (see the module)."""
+        if self.native and native_loop is None:
+            raise RuntimeError("the native request loop (fastfs.daemon.kernel._loop) is not built")
         self.handlers = handlers
         self.wishes = wishes
         self.threads = threads
@@ -327,77 +343,11 @@ class Session:
 
     # -- the request loop -----------------------------------------------------------------------
     def _serve(self, worker: Worker) -> None:
-        handlers = self.handlers
-        fd = worker.fd
-        buf = worker.buf
-        view = worker.view
-        counts = worker.counts
-        unpack = _HEADER.unpack_from
-        pack = _OUT.pack
-        writev = os.writev
-        monotonic = time.monotonic
-        request = Request(0, 0, 0, 0, 0, 0, worker)  # refilled per request (no object per request)
         try:
-            while not worker.abandoned:
-                if not self._take_reader_place(worker):
-                    break
-                try:
-                    n = os.readv(fd, [buf])
-                except OSError as e:
-                    code = e.errno
-                    if code in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
-                        self._leave_reader_place()
-                        continue
-                    self._end_readers()  # (ENODEV: the connection is gone; any other: unusable)
-                    if code != errno.ENODEV:
-                        log.error("reading the FUSE device failed: %s", e.strerror)
-                    break
-                self._leave_reader_place()
-                if n < _HEADER_SIZE:
-                    if n == 0:  # end of the connection (only a socket peer says so this way)
-                        self._end_readers()
-                        break
-                    continue
-                length, opcode, unique, nodeid, uid, gid, pid, _ext, _pad = unpack(buf)
-                counts[opcode] = counts.get(opcode, 0) + 1
-                handler = handlers.get(opcode)
-                if handler is None:
-                    if opcode not in abi.NO_REPLY_OPS:
-                        self._send(fd, unique, -errno.ENOSYS, ())
-                    continue
-                request.unique, request.opcode, request.nodeid = unique, opcode, nodeid
-                request.uid, request.gid, request.pid, request.after = uid, gid, pid, None
-                worker.current = (unique, opcode, monotonic(), False, pid)
-                try:
-                    reply = handler(request, view[_HEADER_SIZE:length])
-                    error = 0
-                except OSError as e:
-                    reply = None
-                    error = e.errno if isinstance(e.errno, int) and e.errno > 0 else errno.EIO
-                except Exception as e:  # noqa: BLE001 - a bug must cost one request, not the daemon
-                    reply = None
-                    error = errno.EIO
-                    self._errors.error(
-                        opcode, "%s failed with %s: %s; answered EIO", _name(opcode), type(e).__name__, e
-                    )
-                worker.current = None
-                try:
-                    if worker.abandoned:
-                        break  # the watchdog answered this request already
-                    if type(reply) is bytes:  # the common answer, one payload: written here (no call of _send)
-                        try:
-                            writev(fd, (pack(_OUT_SIZE + len(reply), 0, unique), reply))
-                        except OSError as e:
-                            self._reply_failed(e)
-                    elif error:
-                        self._send(fd, unique, -error, ())
-                    elif reply is None:
-                        self._send(fd, unique, 0, ())
-                    elif reply is not NO_REPLY:
-                        self._send(fd, unique, 0, reply if isinstance(reply, list) else (reply,))
-                finally:
-                    if request.after is not None:
-                        request.after()
+            if self.native:
+                self._serve_native(worker)
+            else:
+                self._serve_python(worker)
         finally:
             with self._lock:
                 if worker in self._workers:
@@ -410,11 +360,102 @@ class Session:
                 last = not worker.abandoned and not any(not w.abandoned for w in self._workers)
             if worker.owns_fd:
                 try:
-                    os.close(fd)
+                    os.close(worker.fd)
                 except OSError:
                     pass
             if last:
                 self._stopped.set()
+
+    def _serve_native(self, worker: Worker) -> None:
+        """The native loop (``_loop.c``): the same steps as :meth:`_serve_python`, the GIL held only
+        while a handler runs. Every worker reads the device (no parking: a worker waiting in a read
+        holds no GIL, so the kernel's choice of the coldest reader costs no hand-over)."""
+        assert native_loop is not None
+        request = Request(0, 0, 0, 0, 0, 0, worker)
+        code = native_loop.serve(
+            worker.fd, worker.buf, self.handlers, request, worker, NO_REPLY, abi.NO_REPLY_OPS,
+            self._handler_failed, self._reply_errno,
+        )  # fmt: skip
+        if code:  # the device read ended the connection (ENODEV: unmounted or aborted; -1: end of file)
+            self._end_readers()
+            if code > 0 and code != errno.ENODEV:
+                log.error("reading the FUSE device failed: %s", os.strerror(code))
+
+    def _handler_failed(self, opcode: int, e: BaseException) -> None:
+        self._errors.error(opcode, "%s failed with %s: %s; answered EIO", _name(opcode), type(e).__name__, e)
+
+    def _reply_errno(self, code: int) -> None:
+        self._reply_failed(OSError(code, os.strerror(code)))
+
+    def _serve_python(self, worker: Worker) -> None:
+        handlers = self.handlers
+        fd = worker.fd
+        buf = worker.buf
+        view = worker.view
+        counts = worker.counts
+        unpack = _HEADER.unpack_from
+        pack = _OUT.pack
+        writev = os.writev
+        monotonic = time.monotonic
+        request = Request(0, 0, 0, 0, 0, 0, worker)  # refilled per request (no object per request)
+        while not worker.abandoned:
+            if not self._take_reader_place(worker):
+                break
+            try:
+                n = os.readv(fd, [buf])
+            except OSError as e:
+                code = e.errno
+                if code in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
+                    self._leave_reader_place()
+                    continue
+                self._end_readers()  # (ENODEV: the connection is gone; any other: unusable)
+                if code != errno.ENODEV:
+                    log.error("reading the FUSE device failed: %s", e.strerror)
+                break
+            self._leave_reader_place()
+            if n < _HEADER_SIZE:
+                if n == 0:  # end of the connection (only a socket peer says so this way)
+                    self._end_readers()
+                    break
+                continue
+            length, opcode, unique, nodeid, uid, gid, pid, _ext, _pad = unpack(buf)
+            counts[opcode] = counts.get(opcode, 0) + 1
+            handler = handlers.get(opcode)
+            if handler is None:
+                if opcode not in abi.NO_REPLY_OPS:
+                    self._send(fd, unique, -errno.ENOSYS, ())
+                continue
+            request.unique, request.opcode, request.nodeid = unique, opcode, nodeid
+            request.uid, request.gid, request.pid, request.after = uid, gid, pid, None
+            worker.current = (unique, opcode, monotonic(), False, pid)
+            try:
+                reply = handler(request, view[_HEADER_SIZE:length])
+                error = 0
+            except OSError as e:
+                reply = None
+                error = e.errno if isinstance(e.errno, int) and e.errno > 0 else errno.EIO
+            except Exception as e:  # noqa: BLE001 - a bug must cost one request, not the daemon
+                reply = None
+                error = errno.EIO
+                self._handler_failed(opcode, e)
+            worker.current = None
+            try:
+                if worker.abandoned:
+                    break  # the watchdog answered this request already
+                if type(reply) is bytes:  # the common answer, one payload: written here (no call of _send)
+                    try:
+                        writev(fd, (pack(_OUT_SIZE + len(reply), 0, unique), reply))
+                    except OSError as e:
+                        self._reply_failed(e)
+                elif error:
+                    self._send(fd, unique, -error, ())
+                elif reply is None:
+                    self._send(fd, unique, 0, ())
+                elif reply is not NO_REPLY:
+                    self._send(fd, unique, 0, reply if isinstance(reply, list) else (reply,))
+            finally:
+                if request.after is not None:
+                    request.after()
 
     def _take_reader_place(self, worker: Worker) -> bool:
         """Wait until *worker* may read the device (parked while :data:`SPARE_READERS` others are);
@@ -614,6 +655,15 @@ class Session:
             os.close(self.fd)
         except OSError:
             pass
+
+
+def use_native_loop() -> bool:
+    """Whether sessions run the native request loop: when it was built, unless ``$FASTFS_LOOP`` says
+    ``python`` (``native`` asks for it even when it is missing: the session then refuses to start)."""
+    choice = os.environ.get(LOOP_ENV, "")
+    if choice == "python":
+        return False
+    return choice == "native" or native_loop is not None
 
 
 def signal_pending(pid: int) -> bool:

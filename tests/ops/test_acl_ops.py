@@ -25,6 +25,8 @@ from fastfs.daemon.ops import KernelOps
 from fastfs.fsio.access import ACL_ACCESS
 from fastfs.fsio.engine import Engine
 
+pytestmark = pytest.mark.usefixtures("request_loop")  # every test on both request loops
+
 SPEC = "u::rw-,u:65534:---,g::r--,m::r--,o::r--"
 
 

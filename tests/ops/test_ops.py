@@ -25,6 +25,8 @@ from fastfs.daemon.kernel.session import SPARE_READERS, Session
 from fastfs.daemon.ops import CONTROL_ID, STATS_ID, VIRTUAL_FH_BASE, KernelOps
 from fastfs.fsio.engine import Engine
 
+pytestmark = pytest.mark.usefixtures("request_loop")  # every test on both request loops
+
 CONTENT = bytes(range(256)) * 4096  # 1 MiB, every offset distinguishable modulo 256
 
 
@@ -472,16 +474,23 @@ def test_watchdog_answers_a_hung_request_and_the_rest_keep_working(tree: Path) -
 
 
 def test_serial_requests_keep_to_the_spare_readers_and_busy_ones_wake_the_parked(tree: Path) -> None:
-    """Of 8 workers only SPARE_READERS read the device while requests come one at a time (the rest
-    park: no request goes to a cold thread); requests that block wake parked workers, so the next
-    request is still answered at once."""
+    """Of 8 workers of the Python loop only SPARE_READERS read the device while requests come one at
+    a time (the rest park: requests do not go round to cold threads; the native loop holds no GIL
+    while it reads, and every worker reads); requests that block wake parked workers, so the next
+    request is still answered at once (on both loops).
+
+    (A request that arrives while the worker that answered the last one is not back in the device
+    read yet wakes a parked worker: a window of microseconds, which a loaded machine hits now and
+    then, so the two busiest workers must serve most requests, not all: without parking each of
+    the 8 served about an eighth.)"""
     stub = Stub(tree)
     s = Served(stub, threads=8)
     try:
         for _ in range(200):
             assert s.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), 1)[0] == 0
-        serving = [w for w in s.session._workers if w.counts]
-        assert 1 <= len(serving) <= SPARE_READERS, [w.counts for w in s.session._workers]
+        served = sorted((w.counts.get(Op.GETATTR, 0) for w in s.session._workers), reverse=True)
+        if not s.session.native:
+            assert sum(served[:SPARE_READERS]) >= 0.8 * 200, served
         stub.delay = 2.0
         slow = [s.fk.send(Op.LOOKUP, b"x\0", 1) for _ in range(5)]  # more than the spare readers
         time.sleep(0.3)  # (each now sleeps in its handler)

@@ -23,6 +23,8 @@ from fastfs.daemon.listings import Listings
 from fastfs.daemon.ops import KernelOps
 from fastfs.fsio.engine import Engine
 
+pytestmark = pytest.mark.usefixtures("request_loop")  # every test on both request loops
+
 # Seconds a hook waits for the other thread to reach the racy step (runs out when a lock forbids it).
 SLIP_IN = 0.5
 # Bytes of one read of the no_open stats file (it is NOFH_STATS_SIZE long: two reads cover it).

@@ -1,0 +1,17 @@
+"""Type stub of the native request loop (``_loop.c``), built when a C compiler is at hand."""
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+def serve(
+    fd: int,
+    buffer: bytearray,
+    handlers: dict[int, Callable[[Any, memoryview], Any]],
+    request: Any,
+    worker: Any,
+    no_reply: object,
+    no_reply_ops: Collection[int],
+    on_exception: Callable[[int, BaseException], None],
+    on_reply_error: Callable[[int], None],
+    /,
+) -> int: ...
