@@ -351,9 +351,10 @@ class KernelOps:
         any other mismatch is ESTALE (the kernel looks the name up again and opens the new node).
         Returns (the open, whether it rebound the node: no handover then)."""
         held = node.route if node.opens else ""  # (a hint: NodeTable.acquire settles it)
+        backed = bool(node.backing if node.opens else node.kept)  # (a hint too: see _attach_backing)
         try:
             expect = cast(FileKey, node.version)  # (a node opened is a file: its version is its FileKey)
-            return self.engine.open(node.path, flags, expect=expect, cached=node.seen, held_route=held), False
+            return self.engine.open(node.path, flags, expect, node.seen, held, backed), False
         except OSError as e:
             if e.errno != errno.ESTALE or node.seen:
                 raise
@@ -376,6 +377,8 @@ class KernelOps:
         if session is None:
             refused = "no kernel connection"
         else:
+            if opened.backing_fd < 0:  # opened while the node's backing file was registered: it went meanwhile
+                opened = self.engine.backing(opened.fh)  # (an error here fails this open, it is no refusal)
             try:
                 backing = session.backing_open(opened.backing_fd)
             except OSError as e:

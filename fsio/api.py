@@ -67,7 +67,10 @@ class EngineAPI(Protocol):
         expect: FileKey | None = None,
         cached: bool = False,
         held_route: str = "",
+        backed: bool = False,
     ) -> OpenResult: ...
+
+    def backing(self, fh: int) -> OpenResult: ...
 
     def reroute(self, fh: int, held_route: str) -> OpenResult: ...
 

@@ -153,6 +153,7 @@ class Engine:
         ra = self.config.readahead
         self.source = parts.source
         self.source.stats = self.stats  # the source counts the requests fastfs makes of it
+        self.source.dirs.trust = self.config.fuse.revalidate_bound  # directories kept: the close-to-open bound
         self.disk = parts.disk
         self.cache = parts.cache
         self.pool = parts.pool
@@ -292,6 +293,7 @@ class Engine:
         expect: FileKey | None = None,
         cached: bool = False,
         held_route: str = "",
+        backed: bool = False,
     ) -> OpenResult:
         """Open the current version of *path* (close-to-open: the source is revalidated).
 
@@ -299,8 +301,18 @@ class Engine:
         longer matches it the open fails with ESTALE (the kernel then looks the name up again).
         *cached* says the kernel may hold pages of this version from an earlier open (no format
         probe then). *held_route* is the route other open handles of the same inode use (they must
-        all share one). The route is the :class:`~fastfs.fsio.opening.Opener`'s decision."""
-        return self.opener.open(path, flags, expect, cached, held_route)
+        all share one). *backed* says the kernel holds the inode's passthrough backing file already (a
+        passthrough open then asks the source for no file: see :meth:`backing`). The route is the
+        :class:`~fastfs.fsio.opening.Opener`'s decision."""
+        return self.opener.open(path, flags, expect, cached, held_route, backed)
+
+    def backing(self, fh: int) -> OpenResult:
+        """Passthrough open *fh*, opened *backed*, with the descriptor to register as its backing file:
+        its inode lost its registered one meanwhile (see :meth:`fastfs.fsio.opening.Opener.backing`)."""
+        route = self.opener.backing(fh)
+        entry = self.handles.get(fh)
+        key, st = (entry.key, entry.st) if entry is not None else ((), None)
+        return OpenResult(fh, route.kind, route.backing_fd, key, st, route.on_disk)
 
     def reroute(self, fh: int, held_route: str) -> OpenResult:
         """Open *fh* again decided for *held_route*: the inode's other handles settled that route

@@ -100,6 +100,8 @@ class Route(NamedTuple):
 
 
 SERVED = Route(ROUTE_SERVED)
+# A passthrough open of an inode whose backing file the kernel holds already (see Opener.open's backed).
+BACKED = Route(ROUTE_PASSTHROUGH)
 
 
 class OpenResult(NamedTuple):
@@ -145,36 +147,69 @@ class Opener:
         self.stats = stats
         self.trace = trace
         self.on_last_handle = on_last_handle  # the last handle of a version was released
-        self.kernel_route = False  # the kernel connection can pass opens through (set by the daemon at INIT)
-        self.refused_backing = False  # the kernel refused a backing file: no open passes through any more
+        self._kernel_route = False  # the kernel connection can pass opens through (set by the daemon at INIT)
+        self._refused_backing = False  # the kernel refused a backing file: no open passes through any more
+        self.natural = ROUTE_SERVED
+        """The route of the source's files now, disk tier aside: :func:`~fastfs.fsio.policy.choose_route`
+        of the configuration, the kernel's capability and the source, made again whenever one of them
+        changes (every open reads it)."""
+        self._route_inputs_changed()
 
     def reconfigure(self, config: Config) -> None:
         self.config = config
+        self._route_inputs_changed()
+
+    @property
+    def kernel_route(self) -> bool:
+        """The kernel connection can pass opens through (set by the daemon once negotiated)."""
+        return self._kernel_route
+
+    @kernel_route.setter
+    def kernel_route(self, value: bool) -> None:
+        self._kernel_route = value
+        self._route_inputs_changed()
+
+    @property
+    def refused_backing(self) -> bool:
+        """The kernel refused a backing file: no open passes through any more (set by :meth:`refused`)."""
+        return self._refused_backing
+
+    def _route_inputs_changed(self) -> None:
+        self.natural = self._natural(self.can_pass_through)
 
     @property
     def can_pass_through(self) -> bool:
         """The kernel route exists and has not refused a backing file."""
-        return self.kernel_route and not self.refused_backing
+        return self._kernel_route and not self._refused_backing
 
     def passes_through(self) -> bool:
         """True when new opens of this mount's source go to the kernel by passthrough."""
-        fc = self.config.fuse
-        return choose_route(fc.passthrough, self.can_pass_through, self.source.local) == ROUTE_PASSTHROUGH
+        return self.natural == ROUTE_PASSTHROUGH
 
     # == open ========================================================================================
     def open(
-        self, path: str, flags: int = os.O_RDONLY, expect: FileKey | None = None, cached: bool = False, held: str = ""
+        self,
+        path: str,
+        flags: int = os.O_RDONLY,
+        expect: FileKey | None = None,
+        cached: bool = False,
+        held: str = "",
+        backed: bool = False,
     ) -> OpenResult:
         """Open the current version of *path* (close-to-open: the source is revalidated) and decide its
         route (*held*: the route the inode's other open handles use, "" when none; *cached*: the kernel
-        may hold pages of this version from an earlier open, so no format probe). ESTALE when the source
-        is no longer the version *expect* names."""
+        may hold pages of this version from an earlier open, so no format probe; *backed*: the kernel
+        holds a backing file of this version for the inode, registered by an earlier passthrough open
+        and still registered, so a passthrough open needs no source file: the version is revalidated
+        like data at hand, and the route carries no descriptor, see :meth:`backing_fd`). ESTALE when
+        the source is no longer the version *expect* names."""
         if flags & WRITE_FLAGS:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
-        passthrough = (held or self._natural(self.can_pass_through)) == ROUTE_PASSTHROUGH
-        fh, entry = self.acquire(path, expect, need_source=passthrough, kernel_cached=cached)
+        passthrough = (held or self.natural) == ROUTE_PASSTHROUGH
+        backed = backed and passthrough
+        fh, entry = self.acquire(path, expect, passthrough and not backed, cached, backed=backed)
         try:
-            route = self.decide(entry, held)
+            route = self.decide(entry, held, backed)
         except BaseException:
             self.release(fh)
             raise
@@ -195,11 +230,19 @@ class Opener:
     def refused(self, fh: int, reason: str) -> OpenResult:
         """The kernel refused the backing file of open *fh* (*reason*): recorded, so no open of this
         mount passes through any more (logged once), and *fh* decided again: served."""
-        if not self.refused_backing:
-            self.refused_backing = True
+        if not self._refused_backing:
+            self._refused_backing = True
+            self._route_inputs_changed()
             log.warning("passthrough unavailable (%s); serving every file", reason)
         entry = self._entry(fh)
         return self._opened(fh, entry, SERVED, first=False)
+
+    def backing(self, fh: int) -> Route:
+        """The backing file to register for passthrough open *fh*, decided *backed* (:meth:`open`), whose
+        inode's registered backing file went before the adapter could share it: the version's source
+        file (opened now if need be; the handles hold it from then on), or its disk-tier copy when one
+        is attached to the entry."""
+        return self._passthrough(self._entry(fh), False)
 
     def _entry(self, fh: int) -> FileEntry:
         entry = self.handles.get(fh)
@@ -211,27 +254,31 @@ class Opener:
         """The route of the source's files, disk tier aside (:func:`~fastfs.fsio.policy.choose_route`)."""
         return choose_route(self.config.fuse.passthrough, kernel_can, self.source.local)
 
-    def decide(self, entry: FileEntry, held: str = "") -> Route:
+    def decide(self, entry: FileEntry, held: str = "", backed: bool = False) -> Route:
         """The route of an open of *entry* (whose handle the caller holds), from the inputs the module
-        docstring lists: the held route first, then the source's own route, then the disk tier."""
+        docstring lists: the held route first, then the source's own route, then the disk tier
+        (*backed*: see :meth:`open`)."""
         if held == ROUTE_SERVED:
             return SERVED
         if held == ROUTE_PASSTHROUGH:  # on a source that is served, the inode's opens pass through to disk
             on_disk = self._natural(True) == ROUTE_SERVED and self.disk_backing(entry)
-            return self._passthrough(entry, on_disk)
-        if self._natural(self.can_pass_through) == ROUTE_PASSTHROUGH:
-            return self._passthrough(entry, False)
+            return self._passthrough(entry, on_disk, backed)
+        if self.natural == ROUTE_PASSTHROUGH:
+            return self._passthrough(entry, False, backed)
         if self.disk_backing(entry):
             return self._passthrough(entry, True)
         return SERVED
 
-    def _passthrough(self, entry: FileEntry, on_disk: bool) -> Route:
+    def _passthrough(self, entry: FileEntry, on_disk: bool, backed: bool = False) -> Route:
         """A passthrough route of *entry*: to its disk-tier copy when it has one attached (the handles of
         one version share one backing file), else to its source file (opened now when the open was
-        answered from metadata: the handles hold it from then on)."""
+        answered from metadata: the handles hold it from then on), or, *backed* (the kernel holds the
+        inode's backing file already), to no descriptor at all."""
         fd = entry.disk_fd
         if on_disk or fd >= 0:
             return Route(ROUTE_PASSTHROUGH, fd, True)
+        if backed:
+            return BACKED
         ref = entry.source
         file = ref.file
         if file is None:  # our handle holds the version: the file got stays the handles' after put
@@ -293,6 +340,7 @@ class Opener:
         need_source: bool = False,
         kernel_cached: bool = False,
         implicit_at: float | None = None,
+        backed: bool = False,
     ) -> tuple[int, FileEntry]:
         """Revalidate the source (close-to-open) and return a new handle on the shared entry of its
         version (with *implicit_at*: the path's implicit handle, see :meth:`HandleTable.attach`).
@@ -300,14 +348,15 @@ class Opener:
         A version whose data is at hand (:meth:`_held`) is not reopened: remembered metadata (a scan's
         fetch, a lookup) answers the open while :meth:`Scanner.trust` trusts it (no source request),
         else one stat of the file revalidates it (:meth:`Scanner.revalidate`); *need_source* (a
-        passthrough open) always opens the source."""
+        passthrough open without a backing file registered) always opens the source, and *backed* (the
+        kernel holds the inode's backing file) counts as data at hand whatever the version's size."""
         known = self.scanner.meta(path)
         meta = None if need_source else known
-        if meta is not None and not self._held(path, meta, kernel_cached):
+        if meta is not None and not backed and not self._held(path, meta, kernel_cached):
             meta = self._awaited(path, meta)
         if meta is not None:
             how = self.scanner.trust(path, meta)
-            if how and not meta.scan and (how != FRESH or not self.scanner.take(path, meta)):
+            if how and not meta.scan and (how != FRESH or meta.used or not self.scanner.take(path, meta)):
                 how = ""  # a lookup's metadata answers the one open right after it, nothing more
             if how:
                 self.stats.add(m.OPENS_FROM_META if how == FRESH else m.OPENS_DIR_VERIFIED)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Continuing reads before a stream counts as sequential (two could be coincidence, three is a pattern).
 SEQ_MIN_HITS = 3
@@ -80,7 +81,7 @@ MAX_COMPLETE_TRACKED = 64
 TRIGGER_FRACTION = 0.5
 
 
-@dataclass
+@dataclass(slots=True)
 class Stream:
     """One sequential candidate inside a file."""
 
@@ -96,9 +97,9 @@ class Stream:
     from_zero: bool = False  # began with a small read at offset 0: SEQ_MIN_HITS reads prove it, whatever their bytes
 
 
-@dataclass(frozen=True)
-class ReadPlan:
-    """What to do for one read: which stream it joined and which byte ranges to prefetch."""
+class ReadPlan(NamedTuple):
+    """What to do for one read: which stream it joined and which byte ranges to prefetch (a tuple:
+    one is made per read)."""
 
     stream: int
     sequential: bool
@@ -204,7 +205,10 @@ class StreamPolicy:
     def _new_stream(self, offset: int, size: int) -> tuple[Stream, bool]:
         reset = False
         if len(self.streams) >= MAX_STREAMS:
-            victim = min(self.streams, key=lambda s: s.last_use)
+            victim = self.streams[0]
+            for s in self.streams:  # the least recently used (a loop: every random read of a file comes here)
+                if s.last_use < victim.last_use:
+                    victim = s
             reset = victim.sequential
             self.streams.remove(victim)
         stream = Stream(self._next_id, offset, size, covered=min(size, self.file_size - offset), hits=1)

@@ -51,7 +51,6 @@ handle table's, path -> last version) is read without its lock: one atomic looku
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import errno
 import functools
 import os
@@ -61,7 +60,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from fastfs.config.schema import FuseConfig, ReadaheadConfig
 from fastfs.fsio import stats as m
@@ -112,9 +111,9 @@ DIR = "dir"
 Basis = tuple[tuple[int, int, int, int], int]  # a directory's (key, wall clock before the stat that saw it)
 
 
-@dataclass(frozen=True)
-class MetaEntry:
-    """Metadata of a regular file fetched by a scan or a lookup (immutable once made)."""
+class MetaEntry(NamedTuple):
+    """Metadata of a regular file fetched by a scan or a lookup (immutable once made; a tuple: one is
+    made per lookup and per revalidating open)."""
 
     st: os.stat_result
     key: FileKey
@@ -230,7 +229,7 @@ class Scanner:
         with self._meta_lock:
             if self._meta.get(path) is not meta or meta.used:
                 return False
-            self._meta[path] = dataclasses.replace(meta, used=True)
+            self._meta[path] = meta._replace(used=True)
             return True
 
     def revalidate(self, path: str, meta: MetaEntry) -> MetaEntry | None:
@@ -250,12 +249,9 @@ class Scanner:
             return None
         key = stat_key(st)
         same = key == meta.key
-        fresh = self.remember_meta(path, st, key, basis if same else None, before, scan=same and meta.scan)
-        if not same:
-            return None
-        if not fresh.scan:
-            self.take(path, fresh)
-        return fresh
+        scan = same and meta.scan
+        fresh = self.remember_meta(path, st, key, basis if scan else None, before, scan, used=same and not scan)
+        return fresh if same else None
 
     def lstat(self, path: str) -> os.stat_result:
         """Lookup of *path*: a scan's trusted metadata, else the source's lstat, remembered for the one
@@ -327,10 +323,12 @@ class Scanner:
         basis: Basis | None = None,
         fetched_at: float | None = None,
         scan: bool = True,
+        used: bool = False,
     ) -> MetaEntry:
         """Remember *path*'s metadata fetched at *fetched_at* (monotonic, before the request; None: now)
-        with its directory's *basis* read before the request (*scan*: by a scan, else a lookup)."""
-        entry = MetaEntry(st, key, self.clock() if fetched_at is None else fetched_at, basis, scan)
+        with its directory's *basis* read before the request (*scan*: by a scan, else a lookup; *used*:
+        a lookup's that answered its open already, see :meth:`take`)."""
+        entry = MetaEntry(st, key, self.clock() if fetched_at is None else fetched_at, basis, scan, used)
         with self._meta_lock:
             self._meta[path] = entry
             self._meta.move_to_end(path)

@@ -4,7 +4,11 @@ The daemon must never touch a path outside SRC, even if SRC changes under it (a 
 for a symlink between a lookup and an open). Every path is resolved relative to a descriptor of the
 source root with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`` when the kernel has it (5.6+),
 else component by component with ``O_NOFOLLOW``. Metadata calls use the parent directory's
-descriptor plus ``follow_symlinks=False`` on the last component.
+descriptor plus ``follow_symlinks=False`` on the last component: the root's own for a name in the
+root, else an ``O_PATH`` descriptor of the directory, kept for later calls (:class:`DirFds`) while
+it is younger than ``dir_trust`` seconds (the engine sets the close-to-open bound,
+``fuse.revalidate``: the directory a path names is metadata like any other), so a stat costs one
+request instead of three (open, stat, close) on a path used again within the bound.
 
 Data reads are always ``os.preadv`` at an explicit offset (no shared file position). With
 ``direct`` the source is opened with ``O_DIRECT`` where supported (not tmpfs): fastfs then keeps
@@ -43,6 +47,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from fastfs.fsio import shape
@@ -80,6 +85,11 @@ def _openat2(dirfd: int, rel: str, flags: int) -> int:
     return fd
 
 
+# Directories whose O_PATH descriptors are kept for metadata calls at once (least recently used closed
+# first): a working set of directories read at once (a data set's class folders are read one after
+# the other) fits, and they are few next to the descriptors open files hold.
+KEPT_DIRS = 64
+
 # Descriptors left to everything but source files (FUSE device, sockets, log, state files, pipes).
 FD_RESERVE = 64
 # Share of the other descriptors the extra block-read streams of a mount may hold at once; the rest
@@ -109,11 +119,95 @@ def split(path: str) -> list[str]:
     return parts
 
 
+class _DirFd:
+    """One O_PATH descriptor of a source directory, shared by the metadata calls using it (``refs``:
+    those calls, plus one while :class:`DirFds` keeps it; the last one gone closes it)."""
+
+    __slots__ = ("fd", "opened_at", "refs")
+
+    def __init__(self, fd: int, opened_at: float, refs: int) -> None:
+        self.fd = fd
+        self.opened_at = opened_at
+        self.refs = refs
+
+
+class DirFds:
+    """The O_PATH descriptors of directories used lately (see the module docstring): a path's
+    directory is the one opened at most ``trust`` seconds ago (0: each call opens it, as without
+    this), at most :data:`KEPT_DIRS` kept.
+
+    Concurrency: ``_lock`` guards ``_kept`` and every descriptor's ``refs``; a descriptor is closed
+    (outside the lock) only by whoever drops its last reference, so no call ever stats through a
+    descriptor closed under it, or through its number reused."""
+
+    def __init__(self, open_dir: Callable[[list[str]], int], clock: Callable[[], float] = time.monotonic) -> None:
+        self._open_dir = open_dir  # opens a directory beneath the root (O_PATH), confined
+        self._clock = clock
+        self.trust = 0.0  # seconds a kept descriptor stands for its path (set by the engine; 0: none kept)
+        self._lock = threading.Lock()
+        self._kept: dict[str, _DirFd] = {}  # directory path ("a/b") -> its descriptor, least recently used first
+
+    def get(self, parts: list[str]) -> _DirFd:
+        """The directory ``root/parts`` (a reference the caller gives back with :meth:`put`)."""
+        key = "/".join(parts)
+        now = self._clock()
+        trust = self.trust
+        with self._lock:
+            kept = self._kept.pop(key, None)
+            if kept is not None:
+                if now - kept.opened_at <= trust:
+                    self._kept[key] = kept  # (to the end: most recently used)
+                    kept.refs += 1
+                    return kept
+                kept.refs -= 1  # too old: not kept any more (closed now, or by its last user)
+                if kept.refs:
+                    kept = None
+        if kept is not None:
+            os.close(kept.fd)
+        fresh = _DirFd(self._open_dir(parts), now, 1)
+        if trust <= 0:
+            return fresh
+        closing: list[_DirFd] = []
+        with self._lock:
+            old = self._kept.pop(key, None)  # (kept by a concurrent call meanwhile: this one wins)
+            self._kept[key] = fresh
+            fresh.refs += 1
+            if old is not None:
+                closing.append(old)
+            while len(self._kept) > KEPT_DIRS:
+                closing.append(self._kept.pop(next(iter(self._kept))))
+            for d in closing:
+                d.refs -= 1
+            closing = [d for d in closing if not d.refs]
+        for d in closing:
+            os.close(d.fd)
+        return fresh
+
+    def put(self, d: _DirFd) -> None:
+        """Give back a reference :meth:`get` handed out."""
+        with self._lock:
+            d.refs -= 1
+            last = not d.refs
+        if last:
+            os.close(d.fd)
+
+    def close(self) -> None:
+        """Drop every kept descriptor (those still in use close with their last call)."""
+        with self._lock:
+            kept, self._kept = list(self._kept.values()), {}
+            for d in kept:
+                d.refs -= 1
+            kept = [d for d in kept if not d.refs]
+        for d in kept:
+            os.close(d.fd)
+
+
 class Source:
     """The source tree, reached only through descriptors beneath its root.
 
-    Thread-safe: holds the immutable root descriptor, and the count of extra block-read descriptors
-    open (``stream_fds``, at most ``stream_budget``), guarded by ``_budget_lock``. ``stats`` (where the
+    Thread-safe: holds the immutable root descriptor, the kept directory descriptors (``dirs``, a
+    :class:`DirFds` with its own lock) and the count of extra block-read descriptors open
+    (``stream_fds``, at most ``stream_budget``), guarded by ``_budget_lock``. ``stats`` (where the
     requests are counted; None: not counted) is set once by the engine before any request.
     """
 
@@ -129,6 +223,7 @@ class Source:
         self.stream_fds = 0
         self._budget_lock = threading.Lock()
         self.stats: m.Stats | None = None
+        self.dirs = DirFds(self._open_dir)  # its trust is the close-to-open bound, set by the engine
 
     def count(self, kind: str) -> None:
         """One request of *kind* (``SOURCE_OPENS``, ``SOURCE_STATS``, ``SOURCE_LISTINGS``) asked of the source."""
@@ -151,6 +246,7 @@ class Source:
                 self.stream_fds -= n
 
     def close(self) -> None:
+        self.dirs.close()
         if self.root_fd >= 0:
             os.close(self.root_fd)
             self.root_fd = -1
@@ -193,24 +289,26 @@ class Source:
             os.close(fd)
             raise
 
+    def _open_dir(self, parts: list[str]) -> int:
+        return self.open_rel(parts, os.O_RDONLY | os.O_DIRECTORY | os.O_PATH)
+
     def _parent(self, path: str) -> tuple[int, str]:
         parts = split(path)
         if not parts:
             return os.dup(self.root_fd), "."
-        fd = self.open_rel(parts[:-1], os.O_RDONLY | os.O_DIRECTORY | os.O_PATH)
-        return fd, parts[-1]
+        return self._open_dir(parts[:-1]), parts[-1]
 
     # -- metadata ---------------------------------------------------------------------------
     def lstat(self, path: str) -> os.stat_result:
         parts = split(path)
         self.count(m.SOURCE_STATS)
-        if not parts:
-            return os.stat(self.root_fd)
-        fd, name = self._parent(path)
+        if len(parts) < 2:  # the root, or a name in it: relative to the root's own descriptor
+            return os.stat(parts[0], dir_fd=self.root_fd, follow_symlinks=False) if parts else os.stat(self.root_fd)
+        d = self.dirs.get(parts[:-1])
         try:
-            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+            return os.stat(parts[-1], dir_fd=d.fd, follow_symlinks=False)
         finally:
-            os.close(fd)
+            self.dirs.put(d)
 
     def fstat(self, fd: int) -> os.stat_result:
         """The attributes of an open source file now (one request to the source, counted)."""

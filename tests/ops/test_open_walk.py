@@ -22,6 +22,8 @@ from fastfs.fsio import stats as m
 from fastfs.fsio.engine import Engine
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED
 
+pytestmark = pytest.mark.usefixtures("request_loop")  # every test on both request loops
+
 MIB = 1024 * 1024
 
 
@@ -176,3 +178,104 @@ def test_a_refused_backing_file_serves_this_open_and_every_later_one(tree, tmp_p
         s.ops.nodes.check_invariants()
     finally:
         s.close()
+
+
+class Backing:
+    """A kernel that takes backing files: ids handed out, the descriptor each was registered with, closes."""
+
+    def __init__(self) -> None:
+        self.ids: dict[int, os.stat_result] = {}
+        self.closed: list[int] = []
+
+    def open(self, fd: int) -> int:
+        backing = 100 + len(self.ids)
+        self.ids[backing] = os.fstat(fd)
+        return backing
+
+    def close(self, backing: int) -> None:
+        self.closed.append(backing)
+
+
+@pytest.fixture
+def passing(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A Served mount whose kernel takes backing files (fuse.passthrough=on)."""
+    s = Served(tree, tmp_path, "on")
+    kernel = Backing()
+    monkeypatch.setattr(s.session, "backing_open", kernel.open)
+    monkeypatch.setattr(s.session, "backing_close", kernel.close)
+    yield s, kernel
+    s.close()
+
+
+def test_a_passthrough_reopen_of_a_kept_backing_file_opens_no_source_file(passing, tree) -> None:
+    """The node's backing id is kept registered after its last release: the next open passes it again
+    after one stat of the source (the version revalidated), without opening the source file (an open,
+    an fstat and a close, three requests to the source on every open + close before)."""
+    s, kernel = passing
+    node = s.node("big")
+    err, fh, flags = s.open(node)
+    assert err == 0 and flags & abi.FOPEN_PASSTHROUGH
+    s.release(node, fh)
+    assert list(kernel.ids) == [100] and kernel.closed == []  # kept registered
+    before = s.engine.snapshot()["counters"]
+    for _ in range(3):
+        err, payload = s.fk.call(Op.OPEN, abi.OPEN_IN.pack(os.O_RDONLY, 0), node)
+        assert err == 0
+        fh, flags, backing = abi.OPEN_OUT.unpack(payload)
+        assert flags & abi.FOPEN_PASSTHROUGH and backing == 100
+        s.release(node, fh)
+    after = s.engine.snapshot()["counters"]
+    assert after[m.SOURCE_OPENS] == before[m.SOURCE_OPENS]  # no source file opened
+    assert after[m.SOURCE_STATS] - before[m.SOURCE_STATS] == 3  # one stat per open: close-to-open
+    assert after[m.OPENS_PASSTHROUGH] - before[m.OPENS_PASSTHROUGH] == 3
+    assert list(kernel.ids) == [100]  # nothing registered again
+    s.ops.nodes.check_invariants()
+
+
+def test_a_passthrough_reopen_of_a_kept_backing_file_still_sees_a_changed_source(passing, tree) -> None:
+    """Close-to-open holds without a source file opened: the stat finds the new version, the open is
+    ESTALE (the kernel then looks the name up again and opens the new version's node)."""
+    s, kernel = passing
+    node = s.node("big")
+    err, fh, _ = s.open(node)
+    assert err == 0
+    s.release(node, fh)
+    (tree / "big").write_bytes(b"a new version")
+    assert s.open(node)[0] == errno.ESTALE
+    new = s.node("big")
+    err, fh, flags = s.open(new)
+    assert err == 0 and flags & abi.FOPEN_PASSTHROUGH
+    assert kernel.ids[101].st_size == len(b"a new version")  # the new version's own backing file
+    s.release(new, fh)
+
+
+def test_a_kept_backing_id_gone_before_the_open_counts_registers_the_source_file(passing, tree, monkeypatch) -> None:
+    """The engine decides a passthrough open without a descriptor (the node's id kept registered); when
+    that id goes before the node table counts the open (evicted by other nodes' releases), the open
+    registers the version's source file after all."""
+    s, kernel = passing
+    node = s.node("big")
+    err, fh, _ = s.open(node)
+    assert err == 0
+    s.release(node, fh)
+    held = s.ops.nodes.get(node)
+    assert held.kept == 100
+    real_open = s.engine.open
+
+    def open_then_lose_the_kept_id(*args, **kwargs):
+        result = real_open(*args, **kwargs)
+        assert result.backing_fd == -1  # decided backed: no source file opened
+        kernel.close(held.kept)  # the id is closed and the table forgets it, as an eviction does
+        with s.ops.nodes._lock:
+            s.ops.nodes._kept.pop(node, None)
+            held.kept = 0
+        return result
+
+    monkeypatch.setattr(s.engine, "open", open_then_lose_the_kept_id)
+    err, payload = s.fk.call(Op.OPEN, abi.OPEN_IN.pack(os.O_RDONLY, 0), node)
+    assert err == 0
+    fh, flags, backing = abi.OPEN_OUT.unpack(payload)
+    assert flags & abi.FOPEN_PASSTHROUGH and backing == 101 and kernel.closed == [100]
+    assert kernel.ids[101].st_ino == (tree / "big").stat().st_ino  # the source file, opened now
+    s.release(node, fh)
+    s.ops.nodes.check_invariants()

@@ -366,3 +366,110 @@ def test_cached_share_is_a_share_or_unknown(tree):
         assert cached_share(fd, 0) is None
     finally:
         os.close(fd)
+
+
+# -- kept directory descriptors (DirFds) -----------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+@pytest.fixture
+def kept(tree, resolver, monkeypatch):
+    """A Source whose directories are kept for 1 s of a fake clock, and the directory opens it made."""
+    s = Source(str(tree))
+    clock = Clock()
+    s.dirs = source_module.DirFds(s._open_dir, clock)
+    s.dirs.trust = 1.0
+    opened: list[list[str]] = []
+    real = s.dirs._open_dir
+
+    def counting(parts: list[str]) -> int:
+        opened.append(list(parts))
+        return real(parts)
+
+    monkeypatch.setattr(s.dirs, "_open_dir", counting)
+    yield s, clock, opened
+    s.close()
+
+
+def test_a_directory_used_again_within_the_bound_is_not_opened_again(kept, tree):
+    s, clock, opened = kept
+    for _ in range(3):
+        assert s.lstat("/sub/f").st_ino == os.lstat(tree / "sub" / "f").st_ino
+    assert opened == [["sub"]]  # one open, then the kept descriptor
+    assert s.lstat("/small").st_ino == os.lstat(tree / "small").st_ino  # a name in the root: the root's own
+    assert opened == [["sub"]]
+    clock.now += 1.5  # older than the bound: opened again
+    s.lstat("/sub/f")
+    assert opened == [["sub"], ["sub"]]
+
+
+def test_a_swapped_directory_is_seen_once_the_bound_has_passed(kept, tree):
+    """Within the bound the kept descriptor names the directory the path named when it was opened
+    (metadata trusted that long, as every other); after it, the path is resolved again, confined."""
+    s, clock, _ = kept
+    old = s.lstat("/sub/f")
+    os.rename(tree / "sub", tree / "sub.old")
+    os.symlink(tree.parent / "out", tree / "sub")
+    os.symlink(tree.parent / "out" / "secret", tree.parent / "out" / "f")
+    assert s.lstat("/sub/f").st_ino == old.st_ino  # sub.old/f: the directory opened a moment ago
+    clock.now += 1.5
+    assert errno_of(s.lstat, "/sub/f") in REFUSED  # never the symlink's target
+
+
+def test_trust_zero_keeps_no_directory_and_leaks_no_descriptor(tree, resolver):
+    s = Source(str(tree))
+    try:
+        assert s.dirs.trust == 0
+        before = open_fds()
+        for _ in range(5):
+            s.lstat("/sub/f")
+        assert open_fds() == before
+    finally:
+        s.close()
+
+
+def test_kept_directories_are_bounded_and_closed(kept, tree, monkeypatch):
+    s, clock, opened = kept
+    monkeypatch.setattr(source_module, "KEPT_DIRS", 3)
+    for i in range(6):
+        (tree / f"d{i}").mkdir()
+        (tree / f"d{i}" / "x").write_bytes(b"x")
+    before = open_fds()
+    for i in range(6):
+        s.lstat(f"/d{i}/x")
+    assert len(open_fds() - before) == 3  # the 3 used last
+    s.lstat("/d5/x")
+    assert opened[-1] == ["d5"]  # (kept: not opened again)
+    s.lstat("/d0/x")
+    assert opened[-1] == ["d0"]  # evicted: opened again
+    s.close()
+    assert not open_fds() - before
+
+
+def test_a_descriptor_in_use_is_closed_by_its_last_user_only(kept, tree):
+    s, clock, _ = kept
+    held = s.dirs.get(["sub"])  # a call using the descriptor
+    clock.now += 1.5
+    fresh = s.dirs.get(["sub"])  # the next call replaces it
+    assert fresh.fd != held.fd
+    assert os.stat("f", dir_fd=held.fd).st_ino == os.lstat(tree / "sub" / "f").st_ino  # still open
+    sub = os.stat(tree / "sub")
+    s.dirs.put(held)
+    assert held.refs == 0
+    try:  # closed by its last user (its number may be reused from now on, by another file)
+        st = os.fstat(held.fd)
+    except OSError:
+        pass
+    else:
+        assert (st.st_dev, st.st_ino) != (sub.st_dev, sub.st_ino)
+    s.dirs.put(fresh)
+    assert os.fstat(fresh.fd).st_ino == sub.st_ino  # kept
