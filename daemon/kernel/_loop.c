@@ -25,6 +25,8 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <semaphore.h>
 #include <stdint.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -53,6 +55,150 @@ struct out_header {
 #define TABLE_SIZE 64
 /* Buffers of one reply at most (the kernel's limit for a writev is IOV_MAX, 1024). */
 #define MAX_PARTS 256
+
+/* -- reader places (the native twin of Session._take_reader_place and _leave_reader_place) ---------
+ *
+ * At most `spare` workers wait in the device read at once; the others park, each on a semaphore of
+ * its own (on its stack, linked into the parked list). A worker that takes the last reader's place
+ * (every reader now busy) wakes the worker that parked last first and counts it as a reader, so a
+ * request that blocks on a slow source never keeps the next one waiting. The kernel hands a request
+ * to the reader that has waited longest: with every worker reading, a serial stream of requests went
+ * each to the coldest thread (measured: 16 workers took turns, and the daemon's CPU per open + close
+ * was about twice what two warm workers spend). No Python object is touched under `lock`, and no
+ * wait happens with the GIL held. */
+struct parked {
+    sem_t wake;
+    struct parked *next;
+};
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t lock;
+    int spare;               /* readers at most (immutable) */
+    int readers;             /* workers in, or entering, the device read (lock) */
+    int ending;              /* the connection is gone: parked workers leave, none reads again (lock) */
+    struct parked *parked;   /* the parked workers, the one parked last first (lock) */
+} Readers;
+
+/* Wait for a reader's place: 0 when taken, 1 when the connection is gone. *me* is the calling
+ * worker's own parking place (made once per loop, so no semaphore is destroyed while a late post
+ * may still touch it). */
+static int take_place(Readers *r, struct parked *me)
+{
+    pthread_mutex_lock(&r->lock);
+    if (r->ending) {
+        pthread_mutex_unlock(&r->lock);
+        return 1;
+    }
+    if (r->readers < r->spare) {
+        r->readers++;
+        pthread_mutex_unlock(&r->lock);
+        return 0;
+    }
+    me->next = r->parked;
+    r->parked = me;
+    pthread_mutex_unlock(&r->lock);
+    Py_BEGIN_ALLOW_THREADS
+    while (sem_wait(&me->wake) < 0 && errno == EINTR)
+        ;
+    Py_END_ALLOW_THREADS
+    pthread_mutex_lock(&r->lock); /* (whoever woke us unlinked us first) */
+    int ending = r->ending;
+    pthread_mutex_unlock(&r->lock);
+    return ending;
+}
+
+/* The calling worker got a request: when it was the last reader, the worker parked last takes a
+ * reader's place (counted for it here) and is woken. */
+static void leave_place(Readers *r)
+{
+    struct parked *woken = NULL;
+    pthread_mutex_lock(&r->lock);
+    r->readers--;
+    if (r->readers == 0 && r->parked != NULL && !r->ending) {
+        woken = r->parked;
+        r->parked = woken->next;
+        r->readers++;
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (woken != NULL)
+        sem_post(&woken->wake);
+}
+
+/* The connection is gone: no worker reads again, the parked ones leave. */
+static void end_places(Readers *r)
+{
+    pthread_mutex_lock(&r->lock);
+    r->ending = 1;
+    struct parked *p = r->parked;
+    r->parked = NULL;
+    while (p != NULL) {
+        struct parked *next = p->next; /* (read before the post: the waker's stack frame goes after it) */
+        sem_post(&p->wake);
+        p = next;
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+static PyObject *Readers_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    int spare;
+    static char *kwlist[] = {"spare", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i", kwlist, &spare))
+        return NULL;
+    if (spare < 1) {
+        PyErr_SetString(PyExc_ValueError, "spare must be at least 1");
+        return NULL;
+    }
+    Readers *self = (Readers *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    pthread_mutex_init(&self->lock, NULL);
+    self->spare = spare;
+    self->readers = 0;
+    self->ending = 0;
+    self->parked = NULL;
+    return (PyObject *)self;
+}
+
+static void Readers_dealloc(Readers *self)
+{
+    pthread_mutex_destroy(&self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Readers_end(Readers *self, PyObject *unused)
+{
+    end_places(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Readers_counts(Readers *self, PyObject *unused)
+{
+    pthread_mutex_lock(&self->lock);
+    int readers = self->readers, parked = 0, ending = self->ending;
+    for (struct parked *p = self->parked; p != NULL; p = p->next)
+        parked++;
+    pthread_mutex_unlock(&self->lock);
+    return Py_BuildValue("(iii)", readers, parked, ending);
+}
+
+static PyMethodDef Readers_methods[] = {
+    {"end", (PyCFunction)Readers_end, METH_NOARGS, "The connection is gone: no worker reads again, the parked leave."},
+    {"counts", (PyCFunction)Readers_counts, METH_NOARGS, "(readers, parked, ending): for tests."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ReadersType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fastfs.daemon.kernel._loop.Readers",
+    .tp_doc = PyDoc_STR("Readers(spare): the reader places of one session's workers (see the C file)."),
+    .tp_basicsize = sizeof(Readers),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Readers_new,
+    .tp_dealloc = (destructor)Readers_dealloc,
+    .tp_methods = Readers_methods,
+};
 
 static PyObject *s_unique, *s_opcode, *s_nodeid, *s_uid, *s_gid, *s_pid, *s_after, *s_current, *s_abandoned,
     *s_counts, *s_errno;
@@ -214,16 +360,23 @@ static int send_answer(int fd, uint64_t unique, PyObject *reply, PyObject *no_re
 }
 
 PyDoc_STRVAR(serve_doc,
-    "serve(fd, buffer, handlers, request, worker, no_reply, no_reply_ops, on_exception, on_reply_error) -> int\n\n"
+    "serve(fd, buffer, handlers, request, worker, no_reply, no_reply_ops, on_exception, on_reply_error, readers)"
+    " -> int\n\n"
     "Serve requests read from fd until the worker is abandoned (0), the device read ends the connection\n"
     "(its errno, or -1 for end of file) or a BaseException escapes a handler (raised).");
 
 static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "serve() takes 9 arguments");
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "serve() takes 10 arguments");
         return NULL;
     }
+    if (!PyObject_TypeCheck(args[9], &ReadersType)) {
+        PyErr_SetString(PyExc_TypeError, "readers must be a Readers");
+        return NULL;
+    }
+    Readers *places = (Readers *)args[9];
+    struct parked me; /* this worker's parking place, for the whole loop */
     long fd_value = PyLong_AsLong(args[0]);
     if (fd_value == -1 && PyErr_Occurred())
         return NULL;
@@ -249,6 +402,8 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         PyBuffer_Release(&buffer);
         return NULL;
     }
+    sem_init(&me.wake, 0, 0);
+    me.next = NULL;
     PyObject *table[TABLE_SIZE];
     for (int op = 0; op < TABLE_SIZE; op++) {
         PyObject *key = PyLong_FromLong(op);
@@ -272,6 +427,8 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         if (abandoned)
             break;
 
+        if (take_place(places, &me))
+            break; /* the connection is gone */
         ssize_t n;
         int read_errno = 0;
         Py_BEGIN_ALLOW_THREADS
@@ -280,13 +437,18 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
             read_errno = errno;
         Py_END_ALLOW_THREADS
         if (n < 0) {
-            if (read_errno == EINTR || read_errno == EAGAIN || read_errno == ENOENT)
+            if (read_errno == EINTR || read_errno == EAGAIN || read_errno == ENOENT) {
+                leave_place(places);
                 continue;
+            }
+            end_places(places);
             result = read_errno; /* ENODEV: unmounted or aborted */
             break;
         }
+        leave_place(places);
         if (n < (ssize_t)sizeof(struct in_header)) {
             if (n == 0) { /* end of the connection (only a socket peer says so this way) */
+                end_places(places);
                 result = -1;
                 break;
             }
@@ -409,11 +571,13 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         if (abandoned)
             break;
     }
+    sem_destroy(&me.wake); /* (not parked: nobody posts to it any more) */
     Py_DECREF(counts);
     PyBuffer_Release(&buffer);
     return PyLong_FromLong(result);
 
 fail:
+    sem_destroy(&me.wake);
     Py_DECREF(counts);
     PyBuffer_Release(&buffer);
     return NULL;
@@ -451,5 +615,16 @@ PyMODINIT_FUNC PyInit__loop(void)
         if (*names[i].slot == NULL)
             return NULL;
     }
-    return PyModule_Create(&module_def);
+    if (PyType_Ready(&ReadersType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&ReadersType);
+    if (PyModule_AddObject(module, "Readers", (PyObject *)&ReadersType) < 0) {
+        Py_DECREF(&ReadersType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

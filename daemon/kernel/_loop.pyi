@@ -3,6 +3,13 @@
 from collections.abc import Callable, Collection
 from typing import Any
 
+class Readers:
+    """The reader places of one session's workers (at most *spare* read the device at once)."""
+
+    def __init__(self, spare: int) -> None: ...
+    def end(self) -> None: ...
+    def counts(self) -> tuple[int, int, int]: ...
+
 def serve(
     fd: int,
     buffer: bytearray,
@@ -13,5 +20,6 @@ def serve(
     no_reply_ops: Collection[int],
     on_exception: Callable[[int, BaseException], None],
     on_reply_error: Callable[[int], None],
+    readers: Readers,
     /,
 ) -> int: ...

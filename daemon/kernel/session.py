@@ -244,6 +244,8 @@ class Session:
         """Workers run the native request loop (``_loop.c``); else the Python one (see the module)."""
         if self.native and native_loop is None:
             raise RuntimeError("the native request loop (fastfs.daemon.kernel._loop) is not built")
+        # the native loop's reader places (its twin of _readers, _parked and _ending), or None
+        self._places = native_loop.Readers(SPARE_READERS) if self.native and native_loop is not None else None
         self.handlers = handlers
         self.wishes = wishes
         self.threads = threads
@@ -367,14 +369,13 @@ class Session:
                 self._stopped.set()
 
     def _serve_native(self, worker: Worker) -> None:
-        """The native loop (``_loop.c``): the same steps as :meth:`_serve_python`, the GIL held only
-        while a handler runs. Every worker reads the device (no parking: a worker waiting in a read
-        holds no GIL, so the kernel's choice of the coldest reader costs no hand-over)."""
+        """The native loop (``_loop.c``): the same steps as :meth:`_serve_python` (reader places
+        included, kept in C), the GIL held only while a handler runs."""
         assert native_loop is not None
         request = Request(0, 0, 0, 0, 0, 0, worker)
         code = native_loop.serve(
             worker.fd, worker.buf, self.handlers, request, worker, NO_REPLY, abi.NO_REPLY_OPS,
-            self._handler_failed, self._reply_errno,
+            self._handler_failed, self._reply_errno, self._places,
         )  # fmt: skip
         if code:  # the device read ended the connection (ENODEV: unmounted or aborted; -1: end of file)
             self._end_readers()
@@ -483,6 +484,8 @@ class Session:
 
     def _end_readers(self) -> None:
         """The connection is gone: no worker reads again, the parked ones leave."""
+        if self._places is not None:
+            self._places.end()
         with self._park:
             self._ending = True
             parked, self._parked = self._parked, []

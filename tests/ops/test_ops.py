@@ -474,23 +474,22 @@ def test_watchdog_answers_a_hung_request_and_the_rest_keep_working(tree: Path) -
 
 
 def test_serial_requests_keep_to_the_spare_readers_and_busy_ones_wake_the_parked(tree: Path) -> None:
-    """Of 8 workers of the Python loop only SPARE_READERS read the device while requests come one at
-    a time (the rest park: requests do not go round to cold threads; the native loop holds no GIL
-    while it reads, and every worker reads); requests that block wake parked workers, so the next
-    request is still answered at once (on both loops).
+    """Of 8 workers only SPARE_READERS read the device while requests come one at a time (the rest
+    park: requests do not go round to cold threads); requests that block wake parked workers, so the
+    next request is still answered at once (both loops: the native one keeps its places in C).
 
     (A request that arrives while the worker that answered the last one is not back in the device
-    read yet wakes a parked worker: a window of microseconds, which a loaded machine hits now and
-    then, so the two busiest workers must serve most requests, not all: without parking each of
-    the 8 served about an eighth.)"""
+    read yet wakes a parked worker, which then keeps the place: a window of microseconds, which a
+    loaded machine hits now and then, so the pair of readers changes over a run. Hence: the
+    SPARE_READERS + 1 busiest workers serve most requests. Without parking the kernel hands each
+    request to the reader that waited longest, and each of the 8 serves an eighth.)"""
     stub = Stub(tree)
     s = Served(stub, threads=8)
     try:
         for _ in range(200):
             assert s.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), 1)[0] == 0
         served = sorted((w.counts.get(Op.GETATTR, 0) for w in s.session._workers), reverse=True)
-        if not s.session.native:
-            assert sum(served[:SPARE_READERS]) >= 0.8 * 200, served
+        assert sum(served[: SPARE_READERS + 1]) >= 0.6 * 200, served
         stub.delay = 2.0
         slow = [s.fk.send(Op.LOOKUP, b"x\0", 1) for _ in range(5)]  # more than the spare readers
         time.sleep(0.3)  # (each now sleeps in its handler)
