@@ -328,9 +328,13 @@ class Engine:
         self.opener.release(fh)
 
     def _last_handle(self, entry: FileEntry) -> None:
-        """The last handle of *entry* was released: its final byte counts, what the load read (learning)."""
-        self.reads.account_file(entry, 0, 0, flush=True)
-        self.probe.learn_load(entry)
+        """The last handle of *entry* was released: its final byte counts, what the load read (learning).
+        (Nothing to do for a version nothing was read through, as a passthrough open's.)"""
+        reads = entry.reads
+        if reads.delivered or reads.direct:
+            self.reads.account_file(entry, 0, 0, flush=True)
+        if entry.format.plan is not None:
+            self.probe.learn_load(entry)
 
     # == read =======================================================================================
     def read(self, fh: int, offset: int, size: int) -> bytes:

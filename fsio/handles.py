@@ -13,10 +13,14 @@ open-less readers, warm jobs) maps to it. The table is the one place that:
   :meth:`~fastfs.fsio.source.SourceRef.drop` at the last release); reads take their own references
   from the ref itself, never through this table;
 * keeps an entry whose reads are stuck after its last handle closed (:meth:`unstuck` forgets it);
+* keeps the entries of versions whose last handle closed, when nothing was read or planned through
+  them (passthrough opens, files the kernel's page cache served), for the next open of the version
+  (``_idle``, at most :data:`MAX_IDLE`, least recently released dropped first): a hot open + close
+  of a file builds no entry, its policy and its source reference each time;
 * tracks the implicit handles of open-less readers (``fuse.no_open``), least recently used dropped.
 
-Concurrency: ``lock`` guards ``_handles``, ``_entries``, ``versions``, ``_implicit``, ``_next_fh``
-and each entry's ``handles``; it is taken before an entry's source ref lock (:meth:`attach`,
+Concurrency: ``lock`` guards ``_handles``, ``_entries``, ``_idle``, ``versions``, ``_implicit``,
+``_next_fh`` and each entry's ``handles``; it is taken before an entry's source ref lock (:meth:`attach`,
 :meth:`release`), never after it. :meth:`get` reads ``_handles`` without it: one dict lookup is
 atomic under the GIL, and an entry found stays a valid object after a concurrent release (its reads
 then fail or finish normally). The lock is never held across I/O (a source open or close happens
@@ -33,12 +37,15 @@ from typing import NamedTuple
 from fastfs.fsio.entry import FileEntry
 from fastfs.fsio.source import FileKey, SourceFile
 
-__all__ = ["MAX_IMPLICIT", "MAX_VERSIONS", "Attached", "FileEntry", "HandleTable", "Released"]
+__all__ = ["MAX_IDLE", "MAX_IMPLICIT", "MAX_VERSIONS", "Attached", "FileEntry", "HandleTable", "Released"]
 
 # Paths whose last file key is remembered (a new version frees the old one's blocks at once).
 MAX_VERSIONS = 100_000
 # Open-less readers (fuse.no_open) tracked; least recently used closed first.
 MAX_IMPLICIT = 256
+# Entries of versions with no handle kept for their next open, at most (about 1.5 KiB each): a data
+# set's second pass of 2,000 small files, or the files one job opens again and again, fit.
+MAX_IDLE = 8192
 
 
 class Released(NamedTuple):
@@ -67,6 +74,8 @@ class HandleTable:
         self.lock = threading.Lock()
         self._handles: dict[int, FileEntry] = {}  # fh -> entry (lock; get() reads it without, see module)
         self._entries: dict[FileKey, FileEntry] = {}  # version -> entry, while it has handles or stuck reads
+        self._idle: OrderedDict[FileKey, FileEntry] = OrderedDict()  # version -> entry kept for its next
+        # open (idle: no handle; see idle()), least recently released first (lock)
         self.versions: OrderedDict[str, FileKey] = OrderedDict()  # path -> file key of its last open (lock;
         # the scanner's `in` test reads it without: one atomic lookup, a hint only)
         self._implicit: OrderedDict[str, tuple[FileEntry, float, int]] = OrderedDict()  # path -> (entry,
@@ -101,7 +110,7 @@ class HandleTable:
         with self.lock:
             entry = self._entries.get(key)
             if entry is None:
-                entry = make()
+                entry = self._idle.pop(key, None) or make()
                 self._entries[key] = entry
             src = entry.source.hold(src)
             entry.handles += 1
@@ -134,6 +143,10 @@ class HandleTable:
             if last_handle:
                 if self._entries.get(entry.key) is entry and not entry.stuck_reads.count:
                     del self._entries[entry.key]  # (kept while reads are stuck: the next open knows)
+                    if idle(entry):
+                        self._idle[entry.key] = entry
+                        if len(self._idle) > MAX_IDLE:
+                            self._idle.popitem(last=False)
                 src = entry.source.drop()
                 disk_fd, entry.disk_fd = entry.disk_fd, -1
         return Released(entry, last_handle, src, disk_fd)
@@ -169,6 +182,7 @@ class HandleTable:
         with self.lock:
             entries = list(self._entries.values())
             self._entries.clear()
+            self._idle.clear()
             self._handles.clear()
             self._implicit.clear()
         return entries
@@ -197,8 +211,29 @@ class HandleTable:
                 stuck = entry.stuck_reads
                 if entry.handles < 0 or stuck.count < 0 or stuck.inline_stuck > stuck.inline:
                     raise AssertionError(f"entry of {entry.path} has negative or inconsistent counts")
+            for key, entry in self._idle.items():
+                if entry.key != key or entry.handles or key in self._entries or not idle(entry):
+                    raise AssertionError(f"idle entry of {entry.path} is open, filed twice or was used")
             for path, (entry, _at, fh) in self._implicit.items():
                 if self._handles.get(fh) is not entry:
                     raise AssertionError(f"implicit handle {fh} of {path} is not in the handle table")
-            if len(self._implicit) > MAX_IMPLICIT or len(self.versions) > MAX_VERSIONS:
+            if len(self._implicit) > MAX_IMPLICIT or len(self.versions) > MAX_VERSIONS or len(self._idle) > MAX_IDLE:
                 raise AssertionError("implicit handles or remembered versions over their bound")
+
+
+def idle(entry: FileEntry) -> bool:
+    """Whether *entry*, whose last handle just closed, may wait for its version's next open as it is:
+    nothing was read through it (no stream, no source stream, no bytes left to count), nothing was
+    planned for it (no format probe), no read of it is stuck, and it did not grow (its size is its
+    key's). Any of those is state of one load, which the next open of the version must not inherit."""
+    reads = entry.reads
+    return (
+        not entry.format.probed
+        and not reads.policy.streams
+        and entry.stream is None
+        and not reads.delivered
+        and not reads.direct
+        and not reads.mmap_seen
+        and not entry.stuck_reads.count
+        and entry.size == entry.key.size
+    )

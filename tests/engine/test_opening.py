@@ -128,3 +128,41 @@ def test_a_passthrough_open_answered_from_metadata_gets_a_source_backing(src, tm
         assert entry.src is None
     finally:
         engine.close()
+
+
+def test_an_entry_nothing_was_read_through_waits_for_the_next_open_of_its_version(src, tmp_path, monkeypatch) -> None:
+    """A version's entry whose last handle closed with nothing read or planned through it (passthrough
+    opens, files the kernel's cache served) is reused by the next open of that version; one that
+    was read through, or of another version, is not (a load's read state is its own)."""
+    from fastfs.fsio import handles as handles_module
+
+    engine = make_engine(src, tmp_path, **{"cache.disk_dir": ""})
+    try:
+        probed = engine.open("/big")  # a first open: the format probe plans the load
+        engine.release(probed.fh)
+        assert not engine.handles._idle  # a probed entry is not kept
+        first = engine.open("/big", cached=True)  # re-opens of an inode: the kernel's pages serve them
+        entry = engine.handles.get(first.fh)
+        engine.release(first.fh)
+        again = engine.open("/big", cached=True)
+        assert engine.handles.get(again.fh) is entry  # reused: nothing built again
+        assert engine.read(again.fh, 0, 4096) == (src / "big").read_bytes()[:4096]
+        engine.release(again.fh)
+        third = engine.open("/big", cached=True)
+        assert engine.handles.get(third.fh) is not entry  # it was read through: a fresh one
+        assert not engine.handles.get(third.fh).reads.policy.streams
+        engine.release(third.fh)
+        engine.check_invariants()
+        (src / "big").write_bytes(b"another version")
+        fourth = engine.open("/big")
+        assert engine.handles.get(fourth.fh).size == len(b"another version")
+        engine.release(fourth.fh)
+        monkeypatch.setattr(handles_module, "MAX_IDLE", 1)  # bounded: the least recently released goes
+        (src / "other").write_bytes(b"x")
+        for path in ("/big", "/other"):
+            engine.release(engine.open(path).fh)
+        assert list(engine.handles._idle) == [engine.version_key("/other")]
+        engine.check_invariants()
+        assert engine.handles.counts()[0] == 0 and engine.handles.entries() == []  # idle is no open file
+    finally:
+        engine.close()
