@@ -301,7 +301,9 @@ class Source:
     # -- metadata ---------------------------------------------------------------------------
     def lstat(self, path: str) -> os.stat_result:
         parts = split(path)
-        self.count(m.SOURCE_STATS)
+        stats = self.stats
+        if stats is not None:  # (count() inlined: every open and lookup comes here)
+            stats.add(m.SOURCE_STATS)
         if len(parts) < 2:  # the root, or a name in it: relative to the root's own descriptor
             return os.stat(parts[0], dir_fd=self.root_fd, follow_symlinks=False) if parts else os.stat(self.root_fd)
         d = self.dirs.get(parts[:-1])
