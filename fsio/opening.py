@@ -48,10 +48,11 @@ Releases (:meth:`Opener.release`) drop the handle; the last handle of a version 
 handles' source reference, closes the disk-tier backing file and tells the engine
 (``on_last_handle``: final byte counts, what the load read for learning).
 
-Concurrency: the opener keeps ``config`` (replaced whole by :meth:`Opener.reconfigure`), and the two
+Concurrency: the opener keeps ``config`` (replaced whole by :meth:`Opener.reconfigure`), the two
 capability switches ``kernel_route`` (set once at mount) and ``refused_backing`` (set once, by the
-first refusal); all are single attribute loads and stores, read without a lock (an open racing a
-refusal may still pass through: the kernel refuses it too, and it is decided again). An entry's
+first refusal), and ``natural``, the route those make with the configuration (made again by
+whoever changes one of them); all are single attribute loads and stores, read without a lock (an
+open racing a refusal may still pass through: the kernel refuses it too, and it is decided again). An entry's
 ``disk_fd`` is set under the entry's lock by :meth:`disk_backing` while the opening handle keeps the
 entry (so never concurrently with its last release, which takes it under the table's lock). No lock
 is held across a source open or the disk tier's checks.

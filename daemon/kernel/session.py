@@ -10,14 +10,22 @@ here). Per request the loop allocates nothing but the header's fields and the bo
 worker's one :class:`Request` is refilled, and a single-bytes reply is written inline. A read of
 ``ENODEV`` means the connection is gone (unmounted or aborted): the worker ends.
 
+Two implementations of that loop, the same steps in the same order: the native one (``_loop.c``,
+built by pip where a C compiler was at hand; :attr:`Session.native`), which holds the GIL only
+while a handler runs, and the Python one (:meth:`Session._serve_python`), which holds it from the
+device read's return to the next read, so a second worker woken for the next request (an OPEN right
+after the RELEASE of the close before it) waits for it. ``$FASTFS_LOOP`` (:data:`LOOP_ENV`) picks
+one; the stats show which runs (``kernel.loop``).
+
 Readers. At most :data:`SPARE_READERS` workers wait in the device read at once; the others park,
-each on a lock of its own. A worker that takes the last reader's place (every reader now busy
-serving) wakes one parked worker first (counted as a reader by the waker, so it never parks again on
-the way), so a request that blocks on a slow or hung source never keeps the next one waiting; a
-worker done with its request parks if enough others are reading. The worker woken is the one parked
-last (the warmest). A serial stream of requests is so served by the same two warm threads (what
-libfuse's multithreaded loop does by starting threads only when all are busy), and parallel requests
-by as many workers as arrive at once, up to ``threads``.
+each on a lock of its own (the native loop keeps these places in C: ``_loop.Readers``). A worker
+that takes the last reader's place (every reader now busy serving) wakes one parked worker first
+(counted as a reader by the waker, so it never parks again on the way), so a request that blocks on
+a slow or hung source never keeps the next one waiting; a worker done with its request parks if
+enough others are reading. The worker woken is the one parked last (the warmest). A serial stream
+of requests is so served by the same two warm threads (what libfuse's multithreaded loop does by
+starting threads only when all are busy), and parallel requests by as many workers as arrive at
+once, up to ``threads``.
 
 Handlers are plain callables ``handler(request, body) -> reply`` from the operations adapter, where
 ``body`` is a view of the request after its header, valid only during the call. A reply is a
@@ -49,7 +57,8 @@ are written by their own thread from a deduplicated queue (:class:`Notifier`).
 Concurrency: ``Worker.current`` is written only by its worker (and by :meth:`Session.interrupt`,
 which replaces the tuple whole) and read (one tuple, atomically) by the watchdog; ``_readers``,
 ``_parked`` and ``_ending`` are guarded by ``_park`` (a lock of its own: never held across the
-device read, a handler or a wait); ``Worker.abandoned`` is set once by the watchdog under ``_lock``,
+device read, a handler or a wait), the native loop's places (``_places``) by a C mutex of their own,
+under which no Python object is touched; ``Worker.abandoned`` is set once by the watchdog under ``_lock``,
 which also guards ``_workers``, the counts of abandoned workers and of interrupts (``_interrupts``;
 ``_timeouts`` is written by the watchdog alone). Request counters are per worker (no lock on the
 request path) and summed when read.
