@@ -53,8 +53,10 @@ struct out_header {
 
 /* Opcodes below this are looked up in a table filled once per loop; others in the handlers dict. */
 #define TABLE_SIZE 64
-/* Buffers of one reply at most (the kernel's limit for a writev is IOV_MAX, 1024). */
-#define MAX_PARTS 256
+/* Buffers of one reply written as they are, at most (as MAX_REPLY_PARTS in session.py): a reply of
+ * more, which only a read of many small blocks makes, is joined into one first (the kernel takes at
+ * most IOV_MAX, 1024, buffers per writev). */
+#define MAX_PARTS 64
 
 /* -- reader places (the native twin of Session._take_reader_place and _leave_reader_place) ---------
  *
@@ -331,12 +333,17 @@ static int send_answer(int fd, uint64_t unique, PyObject *reply, PyObject *no_re
         return 0;
     if (reply == Py_None) {
         code = write_reply(fd, unique, 0, NULL, 0);
+    } else if (PyList_CheckExact(reply) && PyList_GET_SIZE(reply) > MAX_PARTS) {
+        PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
+        PyObject *joined = empty == NULL ? NULL : PyObject_CallMethod(empty, "join", "O", reply);
+        Py_XDECREF(empty);
+        if (joined == NULL)
+            return -1;
+        Py_buffer whole = {.buf = PyBytes_AS_STRING(joined), .len = PyBytes_GET_SIZE(joined)};
+        code = write_reply(fd, unique, 0, &whole, 1);
+        Py_DECREF(joined);
     } else if (PyList_CheckExact(reply)) {
         Py_ssize_t n = PyList_GET_SIZE(reply);
-        if (n > MAX_PARTS) {
-            PyErr_SetString(PyExc_ValueError, "reply of more than MAX_PARTS buffers");
-            return -1;
-        }
         for (Py_ssize_t i = 0; i < n; i++) {
             if (PyObject_GetBuffer(PyList_GET_ITEM(reply, i), &parts[nparts], PyBUF_SIMPLE) < 0) {
                 for (int j = 0; j < nparts; j++)

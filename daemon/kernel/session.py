@@ -91,8 +91,8 @@ except ImportError:  # pragma: no cover - depends on the install
 
 log = logging.getLogger("fastfs.kernel")
 
-# Environment variable that picks the request loop: "python" (the loop below), "native" (_loop.c,
-# an error when it was not built), unset or anything else: native when built.
+# Environment variable that picks the request loop: "python" (the loop below); unset or anything else:
+# the native one (_loop.c) when it was built.
 LOOP_ENV = "FASTFS_LOOP"
 
 # Seconds between watchdog passes over the workers' current requests.
@@ -119,6 +119,9 @@ READ_MARGIN = 2.0
 SPARE_READERS = 2
 # Workers abandoned to hung requests at once before no more are replaced.
 MAX_ABANDONED = 64
+# Buffers of one reply written as they are, at most (as MAX_PARTS in _loop.c): a reply of more, which
+# only a read of many small blocks makes, is joined into one first (a writev takes at most IOV_MAX).
+MAX_REPLY_PARTS = 64
 # Request buffer beyond the largest write payload: headers and the longest names.
 REQUEST_SLACK = 64 * 1024
 # Errors of unexpected exceptions logged per opcode at most once in this many seconds.
@@ -249,10 +252,8 @@ class Session:
         native: bool | None = None,
     ) -> None:
         self.fd = fd
-        self.native = use_native_loop() if native is None else native
-        """Workers run the native request loop (``_loop.c``); else the Python one (see the module)."""
-        if self.native and native_loop is None:
-            raise RuntimeError("the native request loop (fastfs.daemon.kernel._loop) is not built")
+        self.native = (use_native_loop() if native is None else native) and native_loop is not None
+        """Workers run the native request loop (``_loop.c``, when it was built); else the Python one."""
         # the native loop's reader places (its twin of _readers, _parked and _ending), or None
         self._places = native_loop.Readers(SPARE_READERS) if self.native and native_loop is not None else None
         self.handlers = handlers
@@ -502,6 +503,8 @@ class Session:
             worker.wake.release()
 
     def _send(self, fd: int, unique: int, error: int, payload: Any) -> None:
+        if len(payload) > MAX_REPLY_PARTS:
+            payload = (b"".join(payload),)
         size = _OUT_SIZE
         for part in payload:
             size += len(part)
@@ -671,11 +674,8 @@ class Session:
 
 def use_native_loop() -> bool:
     """Whether sessions run the native request loop: when it was built, unless ``$FASTFS_LOOP`` says
-    ``python`` (``native`` asks for it even when it is missing: the session then refuses to start)."""
-    choice = os.environ.get(LOOP_ENV, "")
-    if choice == "python":
-        return False
-    return choice == "native" or native_loop is not None
+    ``python``."""
+    return os.environ.get(LOOP_ENV, "") != "python" and native_loop is not None
 
 
 def signal_pending(pid: int) -> bool:

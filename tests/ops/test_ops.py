@@ -686,3 +686,22 @@ def test_a_grown_open_file_takes_its_new_size_and_the_kernel_is_told(served: Ser
     err, data = served.read(node, fh, len(CONTENT) - 4, 100)
     assert err == 0 and data == CONTENT[-4:] + (b"tail" * 24)
     served.release(node, fh)
+
+
+@pytest.mark.parametrize("count", [0, 1, 64, 65, 2000])
+def test_a_reply_of_many_buffers_arrives_whole_and_in_order(count: int) -> None:
+    """A handler's list of buffers is sent as one reply in order: as it is up to 64 buffers, joined
+    beyond (a writev takes at most IOV_MAX, and a read of many small blocks makes many)."""
+    parts = [bytes([i % 251]) * (1 + i % 7) for i in range(count)]
+    fk = FakeKernel()
+    session = Session(fk.fd, {Op.GETATTR: lambda request, body: [memoryview(p) for p in parts]}, Wishes(), threads=2)
+    unique = fk.send(Op.INIT, init_body())
+    session.start()
+    try:
+        assert fk.reply(unique)[0] == 0
+        for _ in range(3):
+            assert fk.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), 1) == (0, b"".join(parts))
+    finally:
+        fk.close()
+        session.wait(5)
+        session.close()
