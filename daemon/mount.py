@@ -331,6 +331,8 @@ class Daemon:
         self._live = True
         self._ready.set()
         self.readiness.ok()
+        if self.engine is not None:
+            self.engine.preload()  # the format parsers' imports, off the first load's path
         negotiated = self.session.negotiated
         log.info(
             "mounted %s on %s (pid %d, %d threads, FUSE %d.%d%s)",

@@ -14,6 +14,7 @@ caller should answer.
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class EngineAPI(Protocol):
     ) -> OpenResult: ...
 
     def backing(self, fh: int) -> OpenResult: ...
+
+    def preload(self) -> threading.Thread | None: ...
 
     def reroute(self, fh: int, held_route: str) -> OpenResult: ...
 

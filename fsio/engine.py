@@ -76,6 +76,7 @@ import psutil
 
 from fastfs.config.reload import apply_live, needs_remount
 from fastfs.config.schema import DEFAULT_BUDGET_CAP, DEFAULT_BUDGET_FRACTION, MIN_BUDGET, Config
+from fastfs.fsio import formats
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import Block, BlockCache
 from fastfs.fsio.changes import ChangeListener, DirChange, Growth
@@ -247,6 +248,16 @@ class Engine:
         ``fuse.readdirplus`` setting on local sources, never on others
         (:func:`~fastfs.fsio.policy.listing_attributes`)."""
         return listing_attributes(self.config.fuse.readdirplus, self.source.local)
+
+    def preload(self) -> threading.Thread | None:
+        """Import the format parsers on a thread of their own now (:func:`fastfs.fsio.formats.preload`),
+        so the first load through a new mount does not wait for them; the daemon calls this once the
+        mount is live. Returns the thread (None when format plans are off)."""
+        if not self.config.readahead.formats:
+            return None
+        thread = threading.Thread(target=formats.preload, name="fastfs-preload", daemon=True)
+        thread.start()
+        return thread
 
     def listen(self, listener: ChangeListener) -> None:
         """Tell *listener* the directory changes and file growths the engine finds from now on, and start

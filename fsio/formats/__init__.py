@@ -122,6 +122,17 @@ class Reader:
         return got[:length]
 
 
+def preload() -> None:
+    """Import every parser and what they import lazily (numpy's ``format`` module, for ``.npy``
+    headers), so the first format probe of a daemon does not: measured on this project's 2-core VM,
+    the first plan of a ``.npy`` took 43-96 ms (numpy's import) against 0.2 ms for the next one, and
+    a first load through a fresh mount waits for its plan. Called once per engine, on a thread of
+    its own (:meth:`fastfs.fsio.engine.Engine.preload`)."""
+    from fastfs.fsio.formats import npy, pickle_payloads, safetensors, torchzip  # noqa: F401
+
+    npy.preload()
+
+
 def plan_for(head: bytes, size: int, read_at: ReadAt) -> Plan | None:
     """Plan of a file from its first bytes (``head``), its size and a reader of further bytes.
 

@@ -49,6 +49,11 @@ def detect(head: bytes) -> bool:
     return head[: len(MAGIC)] == MAGIC
 
 
+def preload() -> None:
+    """Import what :func:`parse` imports at its first call (see :func:`fastfs.fsio.formats.preload`)."""
+    from numpy.lib import format as npformat  # noqa: F401
+
+
 def parse(head: bytes) -> tuple[int, int] | None:
     """``(data_offset, data_bytes)`` of an npy head, or ``None`` when the header is invalid or holds objects."""
     if len(head) < PREFIX_V2 or not detect(head):
