@@ -43,9 +43,10 @@ __all__ = ["MAX_IDLE", "MAX_IMPLICIT", "MAX_VERSIONS", "Attached", "FileEntry", 
 MAX_VERSIONS = 100_000
 # Open-less readers (fuse.no_open) tracked; least recently used closed first.
 MAX_IMPLICIT = 256
-# Entries of versions with no handle kept for their next open, at most (about 1.5 KiB each): a data
-# set's second pass of 2,000 small files, or the files one job opens again and again, fit.
-MAX_IDLE = 8192
+# Entries of versions with no handle kept for their next open, at most (about 3 KiB each, measured
+# with tracemalloc: 12 MiB in all): the files one job opens again and again, or a second pass over a
+# few thousand small files, fit.
+MAX_IDLE = 4096
 
 
 class Released(NamedTuple):
