@@ -644,14 +644,18 @@ def test_the_engine_preloads_what_the_first_probe_would_import(tmp_path) -> None
         import sys
         from fastfs.config import load_config
         from fastfs.fsio.engine import Engine
-        engine = Engine({str(tmp_path)!r}, load_config(overrides={{"readahead.learn": "false"}}, use_default_path=False))
+
+        def engine(**overrides):
+            config = load_config(overrides={{"readahead.learn": "false", **overrides}}, use_default_path=False)
+            return Engine({str(tmp_path)!r}, config)
+
+        on, off = engine(), engine(**{{"readahead.formats": "false"}})
         assert "numpy.lib.format" not in sys.modules and "fastfs.fsio.formats.npy" not in sys.modules
-        engine.preload().join(60)
+        on.preload().join(60)
         assert "numpy.lib.format" in sys.modules and "fastfs.fsio.formats.safetensors" in sys.modules
-        off = Engine({str(tmp_path)!r}, load_config(overrides={{"readahead.formats": "false", "readahead.learn": "false"}},
-                     use_default_path=False))
         assert off.preload() is None
-        engine.close(); off.close()
+        on.close()
+        off.close()
         """
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
