@@ -202,7 +202,7 @@ class Opener:
         may hold pages of this version from an earlier open, so no format probe; *backed*: the kernel
         holds a backing file of this version for the inode, registered by an earlier passthrough open
         and still registered, so a passthrough open needs no source file: the version is revalidated
-        like data at hand, and the route carries no descriptor, see :meth:`backing_fd`). ESTALE when
+        like data at hand, and the route carries no descriptor, see :meth:`backing`). ESTALE when
         the source is no longer the version *expect* names."""
         if flags & WRITE_FLAGS:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
