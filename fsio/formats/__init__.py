@@ -123,14 +123,12 @@ class Reader:
 
 
 def preload() -> None:
-    """Import every parser and what they import lazily (numpy's ``format`` module, for ``.npy``
-    headers), so the first format probe of a daemon does not: measured on this project's 2-core VM,
-    the first plan of a ``.npy`` took 43-96 ms (numpy's import) against 0.2 ms for the next one, and
-    a first load through a fresh mount waits for its plan. Called once per engine, on a thread of
-    its own (:meth:`fastfs.fsio.engine.Engine.preload`)."""
+    """Import every parser, so the first format probe of a daemon does not (a first load through a
+    fresh mount waits for its plan). numpy is not imported: the ``.npy`` planner reads plain dtypes
+    itself and imports numpy only for the others (see :mod:`.npy`); before it did, the first plan of
+    a ``.npy`` took 43-96 ms, numpy's import, against 0.2 ms for the next one, on this project's 2-core
+    VM. Called once per engine, on a thread of its own (:meth:`fastfs.fsio.engine.Engine.preload`)."""
     from fastfs.fsio.formats import npy, pickle_payloads, safetensors, torchzip  # noqa: F401
-
-    npy.preload()
 
 
 def plan_for(head: bytes, size: int, read_at: ReadAt) -> Plan | None:

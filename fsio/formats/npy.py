@@ -6,7 +6,9 @@ Python-literal header dict (``descr``, ``fortran_order``, ``shape``) and then th
 so that is the plan.
 
 The header is parsed here with the same rules as ``numpy.lib.format`` (``ast.literal_eval``, the same keys
-and types, the dtype built by numpy's own ``descr_to_dtype``, Python 2 ``L`` integer suffixes accepted) but
+and types, Python 2 ``L`` integer suffixes accepted; the element size of a plain dtype string such as
+``<f4`` or ``|S10`` read from the string itself, any other ``descr`` given to numpy's own
+``descr_to_dtype``, so a daemon imports numpy, 12 MiB and 40-100 ms, only for structured dtypes) but
 without numpy's tokenizer-based repair pass, which costs a hostile header tens of milliseconds; deeply
 nested headers are refused before evaluation for the same reason. The header-size limit is ``np.load``'s
 default, so a header always lies within the head and no extra read is needed. Object arrays are pickles
@@ -33,6 +35,11 @@ PY2_LONG = re.compile(r"\b(\d+)L\b")  # Python 2 wrote shapes like (10L, 3L)
 OPENERS = b"([{"
 CLOSERS = b")]}"
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in OPENERS + CLOSERS)
+# A plain dtype string (numpy's array-protocol typestr): byte order, kind and size (bytes; characters of 4
+# bytes for U). Object ("|O"), datetime, structured and sub-array dtypes are not plain: numpy parses them.
+_PLAIN_DESCR = re.compile(r"[<>|=]?([biufcSaVU])([1-9][0-9]{0,8})")
+# The sizes numpy gives each numeric kind on the platforms fastfs runs on (any other: numpy decides).
+_NUMERIC_SIZES = {"b": (1,), "i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (2, 4, 8, 16), "c": (8, 16, 32)}
 
 
 def _too_deep(header: bytes) -> bool:
@@ -49,9 +56,18 @@ def detect(head: bytes) -> bool:
     return head[: len(MAGIC)] == MAGIC
 
 
-def preload() -> None:
-    """Import what :func:`parse` imports at its first call (see :func:`fastfs.fsio.formats.preload`)."""
-    from numpy.lib import format as npformat  # noqa: F401
+def itemsize(descr: object) -> int | None:
+    """Bytes per element of a plain dtype string (see :data:`_PLAIN_DESCR`), else None (numpy decides)."""
+    if not isinstance(descr, str):
+        return None
+    match = _PLAIN_DESCR.fullmatch(descr)
+    if match is None:
+        return None
+    kind, size = match.group(1), int(match.group(2))
+    sizes = _NUMERIC_SIZES.get(kind)
+    if sizes is not None and size not in sizes:
+        return None
+    return size * 4 if kind == "U" else size
 
 
 def parse(head: bytes) -> tuple[int, int] | None:
@@ -80,15 +96,18 @@ def parse(head: bytes) -> tuple[int, int] | None:
         return None
     if not isinstance(fortran, bool):
         return None
-    from numpy.lib import format as npformat
+    size = itemsize(header["descr"])
+    if size is None:
+        from numpy.lib import format as npformat
 
-    try:
-        dtype = npformat.descr_to_dtype(header["descr"])
-    except Exception:  # numpy refuses the descr (TypeError, ValueError, ...)
-        return None
-    if dtype.hasobject:
-        return None
-    return start + length, math.prod(shape) * dtype.itemsize
+        try:
+            dtype = npformat.descr_to_dtype(header["descr"])
+        except Exception:  # numpy refuses the descr (TypeError, ValueError, ...)
+            return None
+        if dtype.hasobject:
+            return None
+        size = dtype.itemsize
+    return start + length, math.prod(shape) * size
 
 
 def plan(head: bytes, size: int, read_at: ReadAt) -> Plan | None:

@@ -633,8 +633,9 @@ def test_fuzz_mutated_real_files(name: str, flips: list, cut: float | None, near
 
 
 def test_the_engine_preloads_what_the_first_probe_would_import(tmp_path) -> None:
-    """A fresh daemon's first .npy probe imported numpy (43-96 ms measured) on the way of the first
-    load; the engine's preload, started once the mount is live, imports it on a thread of its own."""
+    """The engine's preload, started once the mount is live, imports the parsers on a thread of its
+    own, so a fresh daemon's first probe does not; numpy stays out (the .npy planner sizes plain dtypes
+    itself)."""
     import subprocess
     import sys
     import textwrap
@@ -652,11 +653,44 @@ def test_the_engine_preloads_what_the_first_probe_would_import(tmp_path) -> None
         on, off = engine(), engine(**{{"readahead.formats": "false"}})
         assert "numpy.lib.format" not in sys.modules and "fastfs.fsio.formats.npy" not in sys.modules
         on.preload().join(60)
-        assert "numpy.lib.format" in sys.modules and "fastfs.fsio.formats.safetensors" in sys.modules
+        assert "fastfs.fsio.formats.npy" in sys.modules and "fastfs.fsio.formats.safetensors" in sys.modules
+        assert "numpy" not in sys.modules
         assert off.preload() is None
         on.close()
         off.close()
         """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "descr",
+    ["<f4", ">f8", "<f2", "<f16", "|b1", "<i2", ">u8", "|i1", "<c8", "<c16", "|S5", "|V16", "<U7", "|u1"],
+)
+def test_npy_plain_dtypes_are_sized_as_numpy_sizes_them(descr: str) -> None:
+    """The planner sizes plain dtype strings itself (no numpy import in the daemon for them), as numpy."""
+    assert npy_format.itemsize(descr) == np.dtype(descr).itemsize
+
+
+@pytest.mark.parametrize("descr", ["|O", "<M8[ns]", "<m8[D]", "<i3", "<f12", "<U0", "<i0", "[('a', '<f4')]", 5, None])
+def test_npy_other_dtypes_are_left_to_numpy(descr: object) -> None:
+    assert npy_format.itemsize(descr) is None
+
+
+def test_an_npy_of_a_plain_dtype_is_planned_without_numpy(tmp_path) -> None:
+    """The daemon does not import numpy (12 MiB, 40-100 ms) to plan a .npy of a plain dtype."""
+    import subprocess
+    import sys
+
+    arr = np.arange(1000, dtype="<f4").reshape(10, 100)
+    np.save(tmp_path / "a.npy", arr)
+    data = (tmp_path / "a.npy").read_bytes()
+    script = (
+        "import sys\n"
+        "from fastfs.fsio.formats import npy\n"
+        f"assert npy.parse({data[:4096]!r}) == ({len(data) - arr.nbytes}, {arr.nbytes})\n"
+        "assert 'numpy' not in sys.modules\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
