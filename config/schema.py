@@ -150,8 +150,11 @@ class FuseConfig:
     """Threads serving kernel requests, each on its own clone of the connection."""
     passthrough: str = "auto"
     """auto | on | off: hand open files to the kernel to read the source file directly (FUSE
-    passthrough, Linux 6.9+, mounts by root). auto: only local block-device filesystems and tmpfs
-    (network and FUSE sources stay served with prefetch); on: every source; off: never."""
+    passthrough, Linux 6.9+, mounts by root). auto: local block-device filesystems and tmpfs, and on a
+    source read as one stream per file (rclone, s3fs and the like: see readahead.source_shape) the
+    files above readahead.small_file_max whose loader reads them in order (np.load, torch.load,
+    pickle, unknown formats; safetensors, which its loader maps, stays served); other network and
+    FUSE sources stay served with prefetch; on: every source; off: never."""
     request_timeout: float = 60.0
     """Seconds a metadata request (lookup, getattr, open, readdir, xattr) may wait for the source
     before it fails with EIO and its thread is replaced, so a hung source cannot stall the mount

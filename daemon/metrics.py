@@ -170,6 +170,12 @@ _LABELLED: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
         "route",
         ((fstats.OPENS, "served"), (fstats.OPENS_PASSTHROUGH, "passthrough"), (fstats.OPENS_DISK, "disk")),
     ),
+    "stream_routes_total": (
+        "Large file versions of a source read as one stream per file whose route their loader decided: "
+        "passthrough (read in order), served (mapped by the loader, or an unreadable head).",
+        "route",
+        ((fstats.STREAM_ROUTE_PASSTHROUGH, "passthrough"), (fstats.STREAM_ROUTE_SERVED, "served")),
+    ),
     "source_requests_total": (
         "Requests fastfs made to the source, by kind: files opened, stats (files and directories), directories "
         "listed (reads are fastfs_source_reads_total).",

@@ -114,9 +114,10 @@ class FormatState:
     ``planning`` is set under it and cleared by the probe without it (a bool store; readers only steer
     prefetch by it); ``planned`` (the sequential shape only) is made with ``planning`` and set when it
     is cleared, for readers that wait for the plan; ``heads`` is replaced whole under the lock and
-    read without it (one attribute load of an immutable tuple)."""
+    read without it (one attribute load of an immutable tuple); ``maps`` is one store without a lock
+    (two opens racing to read the head find the same answer)."""
 
-    __slots__ = ("probed", "planning", "planned", "plan", "heads")
+    __slots__ = ("probed", "planning", "planned", "plan", "heads", "maps")
 
     def __init__(self) -> None:
         self.probed = False  # a format probe was started
@@ -124,6 +125,7 @@ class FormatState:
         self.planned: threading.Event | None = None  # set once that probe ended (the sequential shape)
         self.plan: RangePlan | None = None  # the format's range plan
         self.heads: tuple[HeadWindow, ...] = ()  # the fetched head windows, by start
+        self.maps: bool | None = None  # the loader maps the file (FormatProbe.loader_maps; None: not read)
 
 
 class ReadState:

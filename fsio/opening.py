@@ -22,6 +22,11 @@ An open is read one of three ways, its :class:`Route`:
 4. the disk tier: a complete, verified copy of the version (:meth:`Opener.disk_backing`);
 5. the entry: the handles of one version share one backing file (its disk copy once one is
    attached, else its source file).
+6. on a source read as one stream per file (:mod:`fastfs.fsio.shape`'s sequential shape) with
+   ``fuse.passthrough`` ``auto``, a file above the small-file scan's size passes through unless its
+   loader maps it (:func:`~fastfs.fsio.policy.stream_route_applies` and
+   :func:`~fastfs.fsio.policy.stream_file_route`, pure; the first open of the version reads its first
+   page to tell, :meth:`FormatProbe.loader_maps`, and the entry keeps the answer).
 
 A backing file the kernel refuses is a second decision made here (:meth:`Opener.refused`): the
 refusal is recorded, so no later open passes through, and the open is decided again, served. So is
@@ -72,7 +77,14 @@ from fastfs.fsio.cache import BlockCache
 from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.entry import FileEntry
 from fastfs.fsio.handles import HandleTable
-from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED, StreamPolicy, choose_route
+from fastfs.fsio.policy import (
+    ROUTE_PASSTHROUGH,
+    ROUTE_SERVED,
+    StreamPolicy,
+    choose_route,
+    stream_file_route,
+    stream_route_applies,
+)
 from fastfs.fsio.probe import FormatProbe
 from fastfs.fsio.scanner import FRESH, MetaEntry, Scanner
 from fastfs.fsio.source import FileKey, HeadKey, Source, SourceFile, SourceRef
@@ -268,7 +280,31 @@ class Opener:
             return self._passthrough(entry, False, backed)
         if self.disk_backing(entry):
             return self._passthrough(entry, True)
+        if self._stream_route(entry) == ROUTE_PASSTHROUGH:
+            return self._passthrough(entry, False)
         return SERVED
+
+    def _stream_route(self, entry: FileEntry) -> str:
+        """The route of a large file on a source read as one stream per file, from whether its loader
+        maps it (:func:`~fastfs.fsio.policy.stream_file_route`; the first open of the version reads its
+        first bytes, :meth:`FormatProbe.loader_maps`); ``served`` where that does not apply."""
+        shaper = self.probe.fills.shaper
+        stream = shaper.sequential and not shaper.provisional
+        mode, small = self.config.fuse.passthrough, self.scanner.scan_max()
+        if not stream_route_applies(mode, self.can_pass_through, self.natural, stream, entry.size, small):
+            return ROUTE_SERVED
+        known = entry.format.maps
+        route = stream_file_route(known if known is not None else self.probe.loader_maps(entry))
+        if known is None:  # the version's first decision: counted and explained once
+            passes = route == ROUTE_PASSTHROUGH
+            self.stats.add(m.STREAM_ROUTE_PASSTHROUGH if passes else m.STREAM_ROUTE_SERVED)
+            why = (
+                "its loader reads in order: the client streams it as well as fastfs would"
+                if passes
+                else "its loader maps it (or its head was unreadable): fastfs reads it once, in order"
+            )
+            self.trace("open %s: %s on a source read as one stream per file: %s", entry.path, route, why)
+        return route
 
     def _passthrough(self, entry: FileEntry, on_disk: bool, backed: bool = False) -> Route:
         """A passthrough route of *entry*: to its disk-tier copy when it has one attached (the handles of

@@ -862,6 +862,18 @@ class SourceRef:
         fresh.close()  # another read opened it first
         return file
 
+    def fresh(self) -> SourceFile:
+        """A new source file of the version, the caller's alone to :meth:`SourceFile.close` (not shared
+        with the handles): for a read whose handle must end with it, such as the first page read to
+        choose an open's route (on a client that serves a handle as one ranged download, the handles'
+        own file, kept open, would have the client read ahead on it for nothing). ESTALE when the
+        source is no longer the version."""
+        fresh = self._source.open_file(self.path)
+        if fresh.key != self.key:
+            fresh.close()
+            raise OSError(errno.ESTALE, "source file changed since it was opened", self.path)
+        return fresh
+
     def put(self, file: SourceFile) -> None:
         """Give back a reference :meth:`get`, :meth:`hold` or :meth:`drop` handed out (the last one closes)."""
         with self._lock:

@@ -63,6 +63,12 @@ def _route_lines(c: dict[str, Any], g: dict[str, Any]) -> list[str]:
             f"  opens disk         {c.get('opens_disk', 0)}, files of {human_bytes(c.get('bytes_disk_opened', 0))}"
             " (the kernel reads them from the disk tier)"
         )
+    streamed, mapped = c.get("stream_route_passthrough", 0), c.get("stream_route_served", 0)
+    if streamed or mapped:
+        lines.append(
+            f"  stream routes      {streamed} large files passed through (their loader reads in order),"
+            f" {mapped} served (their loader maps them)"
+        )
     return lines
 
 

@@ -14,6 +14,13 @@ Design:
 - Few round trips: all extra reads go through :class:`Reader`, which serves from the head and from earlier
   reads and allows at most :data:`MAX_READS` calls of ``read_at`` per file; a parser that would need more
   falls back to a coarser (still sound) plan.
+- Whether a format's loader maps the file (each module's ``MAPPED``: ``safe_open`` does, ``np.load``,
+  ``torch.load`` and ``pickle.load`` read it in order) is told from the first bytes alone
+  (:func:`loader_maps`, :data:`DETECT_BYTES`): on a source that serves a handle as one stream, the
+  route of a large file's open depends on it (:func:`fastfs.fsio.policy.stream_file_route`). There
+  alone a file's name is a hint (:func:`maps_by_name`, each module's ``SUFFIXES``), which spares the
+  first-page read, one more download on such a client: a wrong hint costs nothing against direct
+  reads (a misnamed file passes through, read as a direct reader would, or is served).
 - Plans are normalised by :func:`normalize`: clipped to the file, empty ranges dropped, consecutive
   ranges merged where they overlap (order kept, since order is the loader's order; adjacent records stay apart).
 """
@@ -25,6 +32,9 @@ from dataclasses import dataclass
 
 HEAD_BYTES = 64 * 1024  # holds every npy header np.load accepts by default, most safetensors headers and
 # a torch.save data.pkl of a few hundred tensors, yet costs one modest read on every open
+# Bytes that tell every format here by its magic (safetensors: an 8-byte length and "{"): what
+# loader_maps needs; one page.
+DETECT_BYTES = 4096
 MAX_READS = 2  # read_at calls allowed per file: each is a source round trip made while open() waits
 
 ReadAt = Callable[[int, int], bytes]
@@ -129,6 +139,35 @@ def preload() -> None:
     a ``.npy`` took 43-96 ms, numpy's import, against 0.2 ms for the next one, on this project's 2-core
     VM. Called once per engine, on a thread of its own (:meth:`fastfs.fsio.engine.Engine.preload`)."""
     from fastfs.fsio.formats import npy, pickle_payloads, safetensors, torchzip  # noqa: F401
+
+
+def loader_maps(head: bytes) -> bool:
+    """True when the first bytes of a file (:data:`DETECT_BYTES` are enough) are those of a format whose
+    loader maps the file instead of reading it (safetensors): its page faults then reach the file out
+    of order. By content only; never raises (unknown content: False)."""
+    from fastfs.fsio.formats import npy, pickle_payloads, safetensors, torchzip
+
+    try:
+        for module in (npy, torchzip, pickle_payloads, safetensors):
+            if module.detect(head):
+                return bool(module.MAPPED)
+    except Exception:  # untrusted input: an unknown format, never a failed open
+        return False
+    return False
+
+
+def maps_by_name(path: str) -> bool | None:
+    """Whether a file's name says its loader maps it (``.safetensors``: True; ``.npy``, ``.pt``,
+    ``.pdparams``, ``.pkl`` ...: False), None for a name no format here claims (then
+    :func:`loader_maps` of its first bytes tells). A hint, for the route on a stream source only
+    (see the module docstring); plans are never made from names."""
+    from fastfs.fsio.formats import npy, pickle_payloads, safetensors, torchzip
+
+    name = path.rpartition("/")[2].lower()
+    for module in (npy, torchzip, pickle_payloads, safetensors):
+        if name.endswith(module.SUFFIXES):
+            return bool(module.MAPPED)
+    return None
 
 
 def plan_for(head: bytes, size: int, read_at: ReadAt) -> Plan | None:

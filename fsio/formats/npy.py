@@ -51,6 +51,13 @@ def _too_deep(header: bytes) -> bool:
     return False
 
 
+# The loader does not map the file: np.load reads the header, then the array in one read()
+# (see fastfs.fsio.formats.loader_maps).
+MAPPED = False
+# File names that hint at this format (np.save's name): see fastfs.fsio.formats.maps_by_name.
+SUFFIXES = (".npy",)
+
+
 def detect(head: bytes) -> bool:
     """True when the head starts with the npy magic."""
     return head[: len(MAGIC)] == MAGIC

@@ -77,6 +77,13 @@ class _OutOfReadsError(Exception):
     """The walk needs bytes beyond the read budget."""
 
 
+# The loader does not map the file: pickle.load / paddle.load read the stream front to back with read()
+# (see fastfs.fsio.formats.loader_maps).
+MAPPED = False
+# File names that hint at this format (paddle.save's and pickle's usual names): see fastfs.fsio.formats.maps_by_name.
+SUFFIXES = (".pdparams", ".pdopt", ".pkl", ".pickle")
+
+
 def detect(head: bytes) -> bool:
     """True when the head starts with ``PROTO 4`` or ``PROTO 5``."""
     return head[:2] in HEADS

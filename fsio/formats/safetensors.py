@@ -21,6 +21,11 @@ from fastfs.fsio.formats import Plan, ReadAt, Reader, normalize
 PREFIX = 8  # bytes of the little-endian u64 header length
 MAX_HEADER = 100 * 1000 * 1000  # the safetensors library refuses larger headers (its MAX_HEADER_SIZE)
 METADATA_KEY = "__metadata__"
+# The loader maps the file (safe_open): its page faults read around each fault, out of order for a
+# source that serves a handle as one stream (see fastfs.fsio.formats.loader_maps).
+MAPPED = True
+# File names that hint at this format (the library's name): see fastfs.fsio.formats.maps_by_name.
+SUFFIXES = (".safetensors",)
 
 # Bytes per element of the dtypes whose size is a whole number of bytes (sub-byte dtypes are not size-checked).
 DTYPE_SIZES = {

@@ -70,6 +70,13 @@ class Entry:
     name_len: int
 
 
+# The loader does not map the file: torch.load (mmap=False, its default) reads the directory, then the
+# records with read() (see fastfs.fsio.formats.loader_maps).
+MAPPED = False
+# File names that hint at this format (torch.save's usual names): see fastfs.fsio.formats.maps_by_name.
+SUFFIXES = (".pt", ".pth")
+
+
 def detect(head: bytes) -> bool:
     """True when the head starts with a zip local file header."""
     return head[:4] == LOCAL_SIG

@@ -23,10 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastfs.fsio.formats import (
+    DETECT_BYTES,
     HEAD_BYTES,
     MAX_READS,
     Plan,
     Reader,
+    loader_maps,
+    maps_by_name,
     normalize,
     pickle_payloads,
     plan_for,
@@ -280,6 +283,61 @@ def test_npy_truncated_data_has_no_plan() -> None:
     data = samples()["npy"]
     for cut in (len(data) - 1, len(data) // 2, 200, 60, 9):
         assert plan_bytes(data[:cut])[0] is None
+
+
+# -- which loaders map the file (the route on a stream source) ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "maps"),
+    [
+        ("npy", False),  # np.load reads it
+        ("torch", False),  # torch.load (mmap=False) reads it
+        ("paddle", False),
+        ("pickle4", False),
+        ("pickle5", False),
+        ("safetensors_numpy", True),  # safe_open / load_file map it
+        ("safetensors_torch", True),
+    ],
+)
+def test_loader_maps_tells_mapped_formats_from_their_first_page(name: str, maps: bool) -> None:
+    head = samples()[name][:DETECT_BYTES]
+    assert loader_maps(head) is maps
+    # the same module as the planner's: a file planned as safetensors is one whose loader maps it
+    plan = plan_for(samples()[name], len(samples()[name]), lambda offset, length: b"")
+    assert plan is not None and (plan.format == "safetensors") is maps
+
+
+@pytest.mark.parametrize("head", [b"", b"\x00" * 4096, os.urandom(4096), b"PK\x03", struct.pack("<Q", 1) + b"{"])
+def test_loader_maps_is_false_for_what_no_mapping_loader_reads(head: bytes) -> None:
+    assert loader_maps(head) is False
+
+
+@pytest.mark.parametrize(
+    ("path", "maps"),
+    [
+        ("/m/model.safetensors", True),
+        ("/m/MODEL.SAFETENSORS", True),
+        ("/m/arr.npy", False),
+        ("/m/ckpt.pt", False),
+        ("/m/ckpt.pth", False),
+        ("/m/model.pdparams", False),
+        ("/m/opt.pdopt", False),
+        ("/m/state.pkl", False),
+        ("/m/pytorch_model.bin", None),  # a torch zip or anything: the first page tells
+        ("/m/shard.tar", None),
+        ("/m/npy", None),
+        ("/m.safetensors/data", None),  # a directory's name says nothing of its files
+    ],
+)
+def test_maps_by_name_is_a_hint_of_the_usual_names_only(path: str, maps: bool | None) -> None:
+    assert maps_by_name(path) is maps
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None)
+@given(st.binary(max_size=64))
+def test_loader_maps_never_raises(head: bytes) -> None:
+    assert loader_maps(head) in (True, False)
 
 
 # -- safetensors ----------------------------------------------------------------------------------

@@ -7,12 +7,18 @@ emulator counts no restarts beyond a few and transfers about the file once; with
 (pieces of each block over several handles) it counts the restarts and transfers several times the
 file. With ``auto`` the emulator is an unknown FUSE client (``fuse.latency_fs``): the jump probe
 tells a stream source (sequential) from one that reads any offset on any handle (parallel), and
-``fastfs stats`` says which and why.
+``fastfs stats`` says which and why. (The shapes' own tests serve every file: ``fuse.passthrough=off``.)
+
+On such a source a large file's route follows its loader: a file read in order (np.load's ``.npy``,
+or a file of no known format) passes through to the client, which streams it as well as fastfs
+would; a file its loader maps (safetensors) is served, read once in order from the stream.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -67,13 +73,13 @@ def _pass(tmp_path: Path, emu, options: list[str], name: str) -> tuple[bytes, di
 def test_sequential_shape_streams_each_file_once_the_parallel_shape_restarts(tmp_path, data_dir) -> None:
     src, data = data_dir
     with emulated(str(src), str(tmp_path / "emu"), behaviour=Behaviour.parse(STREAM_SPEC)) as emu:
-        got, seq, stats = _pass(tmp_path, emu, ["readahead.source_shape=sequential"], "seq")
+        got, seq, stats = _pass(tmp_path, emu, ["readahead.source_shape=sequential", "fuse.passthrough=off"], "seq")
         assert got == data
         assert stats["source"]["shape"] == "sequential"
         assert seq["restarts"] <= 2, seq
         assert seq["transferred_bytes"] <= 1.1 * SIZE, seq
         assert stats["counters"]["stream_fills"] == SIZE // (4 * MIB) and stats["counters"]["stream_jumps"] == 0
-        got, par, stats = _pass(tmp_path, emu, ["readahead.source_shape=parallel"], "par")
+        got, par, stats = _pass(tmp_path, emu, ["readahead.source_shape=parallel", "fuse.passthrough=off"], "par")
         assert got == data
         assert stats["source"]["shape"] == "parallel"
         # the contrast (what issue 21 measured over rclone): pieces out of order on every handle
@@ -96,7 +102,7 @@ def test_auto_probes_an_unknown_fuse_client(tmp_path, data_dir, spec, kind) -> N
     with emulated(str(src), str(tmp_path / "emu"), behaviour=Behaviour.parse(spec)) as emu:
         mnt = tmp_path / "mnt"
         mnt.mkdir()
-        with mounted(emu.mnt, mnt) as m:
+        with mounted(emu.mnt, mnt, options=["fuse.passthrough=off"]) as m:
             assert m.stats()["source"]["probe"] == "due"
             assert _read_through(m.mnt) == data
             assert wait_for(lambda: m.stats()["source"]["probe"] == "done", timeout=30)
@@ -109,3 +115,61 @@ def test_auto_probes_an_unknown_fuse_client(tmp_path, data_dir, spec, kind) -> N
     assert section["probe_jump_ms"] > 0 and section["probe_continue_ms"] > 0
     line = next(line for line in human.splitlines() if "source shape" in line)
     assert f"source shape       {kind} (" in line and "mount type fuse.latency_fs, jump probe done" in line, line
+
+
+def _safetensors(payload: bytes) -> bytes:
+    """A safetensors file of one U8 tensor holding *payload* (the layout its planner parses)."""
+    header = json.dumps({"w": {"dtype": "U8", "shape": [len(payload)], "data_offsets": [0, len(payload)]}})
+    header += " " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header.encode() + payload
+
+
+def _read_file(path: Path) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        out = bytearray()
+        while chunk := f.read(MIB):
+            out += chunk
+    return bytes(out)
+
+
+def test_on_a_stream_source_a_large_file_passes_through_unless_its_loader_maps_it(tmp_path) -> None:
+    src = tmp_path / "data"
+    src.mkdir()
+    npy = b"\x93NUMPY\x01\x00v\x00" + b"{'descr': '|u1', 'fortran_order': False, 'shape': (16777216,), }"
+    npy = npy.ljust(128 - 1) + b"\n" + os.urandom(16 * MIB)
+    files = {
+        "model.npy": npy,  # np.load reads it in order
+        "model.safetensors": _safetensors(os.urandom(16 * MIB)),  # safe_open maps it
+        "shard.bin": os.urandom(8 * MIB),  # no known format: read as a direct reader would
+        "weights.data": _safetensors(os.urandom(4 * MIB)),  # a name that says nothing: its first page tells
+        "label.txt": os.urandom(64 * 1024),  # small: served (a scan keeps several in flight)
+    }
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    with emulated(str(src), str(tmp_path / "emu"), behaviour=Behaviour.parse(STREAM_SPEC)) as emu:
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        with mounted(emu.mnt, mnt, options=["readahead.source_shape=sequential"]) as m:
+            before = emu.counters()
+            for name, data in files.items():
+                assert _read_file(m.mnt / name) == data, name
+            after = emu.counters()
+            assert _read_file(m.mnt / "model.npy") == files["model.npy"]  # decided once per version
+            c = m.stats()["counters"]
+            human = subprocess.run(
+                [*FASTFS, "stats", str(m.mnt)], capture_output=True, text=True, timeout=60, check=True
+            ).stdout
+        moved = {k: after[k] - before[k] for k in ("restarts", "transferred_bytes")}
+        assert c["stream_route_passthrough"] == 2 and c["stream_route_served"] == 2, c
+        assert c["opens_passthrough"] == 3 and c["opens"] == 3, c
+        # the heads read to decide cost the stream no restart of its own, nor bytes beyond the files'
+        assert moved["transferred_bytes"] <= 1.1 * sum(map(len, files.values())), moved
+        line = next(line for line in human.splitlines() if "stream routes" in line)
+        assert "2 large files passed through" in line and "2 served" in line, line
+        mnt2 = tmp_path / "mnt2"
+        mnt2.mkdir()
+        with mounted(emu.mnt, mnt2, options=["readahead.source_shape=sequential", "fuse.passthrough=off"]) as m:
+            for name, data in files.items():
+                assert _read_file(m.mnt / name) == data, name
+            c = m.stats()["counters"]
+        assert c["opens_passthrough"] == 0 and c["stream_route_passthrough"] == 0 and c["stream_route_served"] == 0

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from fastfs.fsio.policy import (
     MAX_STREAMS,
+    ROUTE_PASSTHROUGH,
+    ROUTE_SERVED,
     RUN_CONFIRM,
     RUN_CROSS,
     RUN_MIN_LEAD,
@@ -20,6 +22,8 @@ from fastfs.fsio.policy import (
     Siblings,
     StreamPolicy,
     listing_attributes,
+    stream_file_route,
+    stream_route_applies,
 )
 
 MIB = 1024 * 1024
@@ -405,3 +409,27 @@ def test_walk_ahead_names_only_siblings_after_the_arrival(names, data) -> None:
     assert len(ahead) <= depth and set(ahead) <= set(names) and order[i] not in ahead and order[i - 1] not in ahead
     if names == order:
         assert ahead == order[i + 1 : i + 1 + depth]
+
+
+# -- the route of a large file on a stream source ---------------------------------------------------
+@pytest.mark.parametrize(
+    ("mode", "kernel_can", "natural", "stream", "size", "applies"),
+    [
+        ("auto", True, ROUTE_SERVED, True, 2 * MIB, True),  # a large file on a stream client
+        ("auto", True, ROUTE_SERVED, True, MIB, False),  # a scan's file stays served
+        ("auto", True, ROUTE_SERVED, False, GIB, False),  # parallel shape: fastfs's streams win
+        ("auto", False, ROUTE_SERVED, True, GIB, False),  # the kernel cannot pass through
+        ("off", True, ROUTE_SERVED, True, GIB, False),  # the setting wins
+        ("on", True, ROUTE_PASSTHROUGH, True, GIB, False),  # passes through anyway
+        ("auto", True, ROUTE_PASSTHROUGH, True, GIB, False),  # a local source passes through anyway
+    ],
+)
+def test_stream_route_applies_to_large_files_of_a_stream_source_on_auto(
+    mode: str, kernel_can: bool, natural: str, stream: bool, size: int, applies: bool
+) -> None:
+    assert stream_route_applies(mode, kernel_can, natural, stream, size, MIB) is applies
+
+
+@pytest.mark.parametrize(("maps", "route"), [(False, ROUTE_PASSTHROUGH), (True, ROUTE_SERVED), (None, ROUTE_SERVED)])
+def test_stream_file_route_serves_what_the_loader_maps_or_could_not_be_read(maps: bool | None, route: str) -> None:
+    assert stream_file_route(maps) == route
