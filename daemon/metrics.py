@@ -171,8 +171,8 @@ _LABELLED: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
         ((fstats.OPENS, "served"), (fstats.OPENS_PASSTHROUGH, "passthrough"), (fstats.OPENS_DISK, "disk")),
     ),
     "stream_routes_total": (
-        "Large file versions of a source read as one stream per file whose route their loader decided: "
-        "passthrough (read in order), served (mapped by the loader, or an unreadable head).",
+        "Opens of large files of a source read as one stream per file, routed by their loader: passthrough "
+        "(read in order, or a client whose jumps waste nothing), served (mapped by the loader, or an unreadable head).",
         "route",
         ((fstats.STREAM_ROUTE_PASSTHROUGH, "passthrough"), (fstats.STREAM_ROUTE_SERVED, "served")),
     ),

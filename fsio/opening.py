@@ -24,7 +24,7 @@ An open is read one of three ways, its :class:`Route`:
    attached, else its source file).
 6. on a source read as one stream per file (:mod:`fastfs.fsio.shape`'s sequential shape) with
    ``fuse.passthrough`` ``auto``, a file above the small-file scan's size passes through unless its
-   loader maps it (:func:`~fastfs.fsio.policy.stream_route_applies` and
+   loader maps it and a jump on the source wastes a download (:func:`~fastfs.fsio.policy.stream_route_applies` and
    :func:`~fastfs.fsio.policy.stream_file_route`, pure; the first open of the version reads its first
    page to tell, :meth:`FormatProbe.loader_maps`, and the entry keeps the answer).
 
@@ -293,16 +293,18 @@ class Opener:
         mode, small = self.config.fuse.passthrough, self.scanner.scan_max()
         if not stream_route_applies(mode, self.can_pass_through, self.natural, stream, entry.size, small):
             return ROUTE_SERVED
-        known = entry.format.maps
-        route = stream_file_route(known if known is not None else self.probe.loader_maps(entry))
-        if known is None:  # the version's first decision: counted and explained once
-            passes = route == ROUTE_PASSTHROUGH
-            self.stats.add(m.STREAM_ROUTE_PASSTHROUGH if passes else m.STREAM_ROUTE_SERVED)
-            why = (
-                "its loader reads in order: the client streams it as well as fastfs would"
-                if passes
-                else "its loader maps it (or its head was unreadable): fastfs reads it once, in order"
-            )
+        known, waste = entry.format.maps, shaper.jumps_waste
+        maps = self.probe.loader_maps(entry) if known is None and waste else known
+        route = stream_file_route(maps, waste)
+        passes = route == ROUTE_PASSTHROUGH
+        self.stats.add(m.STREAM_ROUTE_PASSTHROUGH if passes else m.STREAM_ROUTE_SERVED)
+        if known is None:  # (the version's first decision, or a source whose jumps waste nothing)
+            if not waste:
+                why = "a jump on this client costs one ranged request: every loader reads it as well directly"
+            elif passes:
+                why = "its loader reads in order: the client streams it as well as fastfs would"
+            else:
+                why = "its loader maps it (or its head was unreadable): fastfs reads it once, in order"
             self.trace("open %s: %s on a source read as one stream per file: %s", entry.path, route, why)
         return route
 

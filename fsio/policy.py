@@ -546,20 +546,24 @@ def stream_route_applies(mode: str, kernel_can: bool, natural: str, stream: bool
     return kernel_can and mode == "auto" and natural == ROUTE_SERVED and stream and size > small_max
 
 
-def stream_file_route(loader_maps: bool | None) -> str:
+def stream_file_route(loader_maps: bool | None, jumps_waste: bool = True) -> str:
     """The route of a large file on a source read as one stream per file (see
-    :func:`stream_route_applies`), from whether its format's loader maps it (*loader_maps*; None: its
-    first bytes could not be read).
+    :func:`stream_route_applies`), from whether its format's loader maps it (*loader_maps*; None: not
+    known, its first bytes unread or unreadable) and whether a jump on one of the source's handles
+    wastes a download (*jumps_waste*: :attr:`fastfs.fsio.shape.Shaper.jumps_waste`).
 
     A loader that reads in order (``np.load``, ``torch.load``, ``pickle.load``) gets nothing from the
     served route there: the client already streams the handle ahead of it, and serving adds a copy
-    and a round trip per request (measured over loopback s3fs and rclone, 256 MiB: served 0.71-0.92x
-    of direct reads, passthrough 0.94-1.25x): such files pass through. A loader that maps the file
-    (safetensors) faults pages in out of order, and on such a client every jump restarts the
-    download (rclone: the server read 90-219x the file, 13x slower than served, where fastfs reads
-    the file once in order and answers the faults from RAM): served, as is a file whose head could
-    not be read (fastfs's read path times out a hung source)."""
-    return ROUTE_PASSTHROUGH if loader_maps is False else ROUTE_SERVED
+    and a round trip per request (measured over loopback s3fs and rclone, 256 MiB np.load, medians of
+    9: passed through 1.01x and 1.04x of direct reads, served 0.71-0.92x before): such files pass
+    through. A loader that maps the file (safetensors) faults pages in out of order: where a jump
+    restarts a download (rclone: the server read 90-219x the file, 12x slower than served, where
+    fastfs reads the file once in order and answers the faults from RAM) it is served, as is a file
+    whose head could not be read (fastfs's read path times out a hung source); where a jump costs one
+    ranged request and nothing more (s3fs) it passes through too."""
+    if loader_maps is False or not jumps_waste:
+        return ROUTE_PASSTHROUGH
+    return ROUTE_SERVED
 
 
 # -- directory listings with attributes ----------------------------------------------------------

@@ -63,8 +63,8 @@ OPENS_DISK = "opens_disk"  # opens handed to the kernel as passthrough to a comp
 BYTES_DISK_OPENED = "bytes_disk_opened"  # sizes of the files opened that way
 STREAM_FILLS = "stream_fills"  # block fills read on a file's one source stream (the sequential shape)
 STREAM_JUMPS = "stream_jumps"  # of those, fills that did not continue where the stream stood (a restart)
-# Large file versions of a stream-read source whose route was decided by their loader (policy.stream_file_route):
-STREAM_ROUTE_PASSTHROUGH = "stream_route_passthrough"  # ... read in order: handed to the kernel
+# Opens of large files of a stream-read source routed by their loader (policy.stream_file_route):
+STREAM_ROUTE_PASSTHROUGH = "stream_route_passthrough"  # ... read in order (or jumps waste nothing): to the kernel
 STREAM_ROUTE_SERVED = "stream_route_served"  # ... mapped by their loader (or an unreadable head): served
 TIMEOUTS = "read_timeouts"
 # What fastfs asked the source (counted in fsio/source.py, the one place that talks to it).

@@ -66,7 +66,7 @@ def _route_lines(c: dict[str, Any], g: dict[str, Any]) -> list[str]:
     streamed, mapped = c.get("stream_route_passthrough", 0), c.get("stream_route_served", 0)
     if streamed or mapped:
         lines.append(
-            f"  stream routes      {streamed} large files passed through (their loader reads in order),"
+            f"  stream routes      {streamed} opens of large files passed through (their loader reads in order),"
             f" {mapped} served (their loader maps them)"
         )
     return lines

@@ -516,3 +516,65 @@ def test_a_block_queued_while_the_probe_parses_waits_for_the_plans_order(tmp_pat
     assert list(recorder.reads) == list(recorder.direct)
     assert _in_order(recorder.reads[next(iter(recorder.direct))]), recorder.reads
     assert counters["stream_jumps"] == 0
+
+
+PASS, SERVE = "passthrough", "served"
+
+
+def _safetensors_bytes(payload: bytes) -> bytes:
+    header = b'{"w":{"dtype":"U8","shape":[%d],"data_offsets":[0,%d]}}' % (len(payload), len(payload))
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + payload
+
+
+@pytest.mark.parametrize(
+    ("mount_type", "routes", "head_reads"),
+    [
+        # a jump restarts a download: only what a loader maps is served; one fresh handle reads the
+        # first page of the file whose name says nothing, none for the others
+        (
+            "fuse.rclone",
+            {"a.npy": "passthrough", "b.safetensors": "served", "c.data": "served", "d.bin": "passthrough"},
+            2,
+        ),
+        # a jump costs one ranged request: every large file passes through, no first page read
+        (
+            "fuse.s3fs",
+            {"a.npy": "passthrough", "b.safetensors": "passthrough", "c.data": "passthrough", "d.bin": "passthrough"},
+            0,
+        ),
+    ],
+)
+def test_stream_client_routes_large_files_by_their_loader(tmp_path, monkeypatch, mount_type, routes, head_reads):
+    src = tmp_path / "src"
+    src.mkdir()
+    npy = np.lib.format
+    with open(src / "a.npy", "wb") as f:
+        npy.write_array(f, np.zeros(2 * MIB, dtype=np.uint8))
+    (src / "b.safetensors").write_bytes(_safetensors_bytes(os.urandom(2 * MIB)))
+    (src / "c.data").write_bytes(_safetensors_bytes(os.urandom(2 * MIB)))  # a name that says nothing
+    (src / "d.bin").write_bytes(os.urandom(2 * MIB))
+    (src / "small.safetensors").write_bytes(_safetensors_bytes(os.urandom(1024)))  # a scan's size: served
+    _fake_mount_table(tmp_path, src, mount_type, monkeypatch)
+    engine = Engine(str(src), _config("auto"))
+    try:
+        engine.opener.kernel_route = True
+        got = {}
+        for name in routes:
+            before = engine.snapshot()["counters"]["source_opens"]
+            r = engine.open("/" + name)
+            got[name] = r.route
+            opened = engine.snapshot()["counters"]["source_opens"] - before
+            head_reads -= opened - 1  # the open's own, and one more for a first page read
+            assert r.route != "passthrough" or r.backing_fd >= 0
+            engine.release(r.fh)
+        small = engine.open("/small.safetensors")
+        assert small.route == "served"
+        engine.release(small.fh)
+        c = engine.snapshot()["counters"]
+    finally:
+        engine.close()
+    assert got == routes
+    assert head_reads == 0
+    passed = sum(route == "passthrough" for route in routes.values())
+    assert (c["stream_route_passthrough"], c["stream_route_served"]) == (passed, len(routes) - passed)

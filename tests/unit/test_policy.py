@@ -430,6 +430,16 @@ def test_stream_route_applies_to_large_files_of_a_stream_source_on_auto(
     assert stream_route_applies(mode, kernel_can, natural, stream, size, MIB) is applies
 
 
-@pytest.mark.parametrize(("maps", "route"), [(False, ROUTE_PASSTHROUGH), (True, ROUTE_SERVED), (None, ROUTE_SERVED)])
-def test_stream_file_route_serves_what_the_loader_maps_or_could_not_be_read(maps: bool | None, route: str) -> None:
-    assert stream_file_route(maps) == route
+@pytest.mark.parametrize(
+    ("maps", "waste", "route"),
+    [
+        (False, True, ROUTE_PASSTHROUGH),  # read in order: the client streams it
+        (True, True, ROUTE_SERVED),  # mapped where a jump restarts a download: fastfs reads it once
+        (None, True, ROUTE_SERVED),  # head unreadable: served (fastfs times out a hung source)
+        (True, False, ROUTE_PASSTHROUGH),  # a jump costs one ranged request: nothing to win
+        (None, False, ROUTE_PASSTHROUGH),
+        (False, False, ROUTE_PASSTHROUGH),
+    ],
+)
+def test_stream_file_route_serves_only_mapped_files_where_jumps_waste(maps: bool | None, waste: bool, route: str):
+    assert stream_file_route(maps, waste) == route

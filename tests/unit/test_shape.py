@@ -187,3 +187,17 @@ def test_source_shape_setting_is_validated_and_needs_a_remount():
     new = dataclasses.replace(Config(), readahead=dataclasses.replace(Config().readahead, source_shape="sequential"))
     assert needs_remount(Config(), new) == ["readahead.source_shape"]
     assert apply_live(Config(), new).readahead.source_shape == "auto"
+
+
+@pytest.mark.parametrize(
+    ("mount_type", "waste"),
+    [
+        ("fuse.rclone", True),  # a jump restarts a download the server reads ahead for
+        ("fuse.s3fs", False),  # a jump is one ranged request, nothing dropped
+        ("fuse.unknownfs", True),  # found a stream by the jump probe: assumed wasteful
+        ("nfs4", True),  # sequential only by override: assumed wasteful
+    ],
+)
+def test_jumps_waste_everywhere_but_the_cheap_jump_clients(mount_type: str, waste: bool) -> None:
+    shaper = shape.Shaper(shape.SourceFacts(mount_type=mount_type), override="sequential")
+    assert shaper.jumps_waste is waste
