@@ -291,7 +291,8 @@ class Opener:
         shaper = self.probe.fills.shaper
         stream = shaper.sequential and not shaper.provisional
         mode, small = self.config.fuse.passthrough, self.scanner.scan_max()
-        if not stream_route_applies(mode, self.can_pass_through, self.natural, stream, entry.size, small):
+        tier = self.disk is not None
+        if not stream_route_applies(mode, self.can_pass_through, self.natural, stream, entry.size, small, tier):
             return ROUTE_SERVED
         known, waste = entry.format.maps, shaper.jumps_waste
         maps = self.probe.loader_maps(entry) if known is None and waste else known

@@ -535,15 +535,18 @@ def choose_route(mode: str, kernel_can: bool, source_local: bool) -> str:
     return ROUTE_SERVED
 
 
-def stream_route_applies(mode: str, kernel_can: bool, natural: str, stream: bool, size: int, small_max: int) -> bool:
+def stream_route_applies(
+    mode: str, kernel_can: bool, natural: str, stream: bool, size: int, small_max: int, disk_tier: bool = False
+) -> bool:
     """Whether the route of an open depends on how the file's loader reads it (then
     :func:`stream_file_route` decides, from the file's first bytes): on a source read as one stream
     per file (*stream*: the sequential shape, a client that serves a handle as one ranged download),
     for a file above *small_max* (the small-file scan's size: smaller files stay served, where the scan
     keeps several in flight and hides the source's latency), with ``fuse.passthrough`` ``auto``
-    (*mode*), a kernel that can pass through (*kernel_can*) and a source otherwise served
-    (*natural*)."""
-    return kernel_can and mode == "auto" and natural == ROUTE_SERVED and stream and size > small_max
+    (*mode*), a kernel that can pass through (*kernel_can*), a source otherwise served (*natural*)
+    and no disk tier (*disk_tier*: a mount that has one asked for local copies of what it reads, which
+    only served reads make; its later opens pass through to the complete copy)."""
+    return kernel_can and mode == "auto" and natural == ROUTE_SERVED and stream and size > small_max and not disk_tier
 
 
 def stream_file_route(loader_maps: bool | None, jumps_waste: bool = True) -> str:

@@ -578,3 +578,25 @@ def test_stream_client_routes_large_files_by_their_loader(tmp_path, monkeypatch,
     assert head_reads == 0
     passed = sum(route == "passthrough" for route in routes.values())
     assert (c["stream_route_passthrough"], c["stream_route_served"]) == (passed, len(routes) - passed)
+
+
+def test_with_a_disk_tier_large_files_of_a_stream_client_stay_served(tmp_path, monkeypatch) -> None:
+    """A disk tier is a request for local copies of what the mount reads: only served reads make them."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "d.bin").write_bytes(os.urandom(2 * MIB))
+    _fake_mount_table(tmp_path, src, "fuse.rclone", monkeypatch)
+    config = _config("auto")
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    config = dataclasses.replace(config, cache=dataclasses.replace(config.cache, disk_dir=str(tier)))
+    engine = Engine(str(src), config)
+    try:
+        engine.opener.kernel_route = True
+        r = engine.open("/d.bin")
+        assert r.route == SERVE
+        engine.release(r.fh)
+        c = engine.snapshot()["counters"]
+    finally:
+        engine.close()
+    assert c["stream_route_passthrough"] == c["stream_route_served"] == 0

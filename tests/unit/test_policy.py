@@ -416,6 +416,7 @@ def test_walk_ahead_names_only_siblings_after_the_arrival(names, data) -> None:
     ("mode", "kernel_can", "natural", "stream", "size", "applies"),
     [
         ("auto", True, ROUTE_SERVED, True, 2 * MIB, True),  # a large file on a stream client
+        ("auto", True, ROUTE_SERVED, True, GIB, "tier"),  # ... unless a disk tier is to keep a copy
         ("auto", True, ROUTE_SERVED, True, MIB, False),  # a scan's file stays served
         ("auto", True, ROUTE_SERVED, False, GIB, False),  # parallel shape: fastfs's streams win
         ("auto", False, ROUTE_SERVED, True, GIB, False),  # the kernel cannot pass through
@@ -425,8 +426,12 @@ def test_walk_ahead_names_only_siblings_after_the_arrival(names, data) -> None:
     ],
 )
 def test_stream_route_applies_to_large_files_of_a_stream_source_on_auto(
-    mode: str, kernel_can: bool, natural: str, stream: bool, size: int, applies: bool
+    mode: str, kernel_can: bool, natural: str, stream: bool, size: int, applies: bool | str
 ) -> None:
+    if applies == "tier":
+        assert stream_route_applies(mode, kernel_can, natural, stream, size, MIB, disk_tier=False) is True
+        assert stream_route_applies(mode, kernel_can, natural, stream, size, MIB, disk_tier=True) is False
+        return
     assert stream_route_applies(mode, kernel_can, natural, stream, size, MIB) is applies
 
 
