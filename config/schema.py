@@ -153,9 +153,9 @@ class FuseConfig:
     passthrough, Linux 6.9+, mounts by root). auto: local block-device filesystems and tmpfs, and on a
     source read as one stream per file (rclone, s3fs and the like: see readahead.source_shape) the
     files above readahead.small_file_max whose loader reads them in order (np.load, torch.load,
-    pickle, unknown formats; safetensors, which its loader maps, stays served; with a disk tier all
-    stay served, so it keeps copies); other network and FUSE sources stay served with prefetch; on:
-    every source; off: never."""
+    pickle, unknown formats; safetensors, which its loader maps, stays served, and so does a file
+    opened again, so RAM keeps it for the reloads; with a disk tier all stay served, so it keeps
+    copies); other network and FUSE sources stay served with prefetch; on: every source; off: never."""
     request_timeout: float = 60.0
     """Seconds a metadata request (lookup, getattr, open, readdir, xattr) may wait for the source
     before it fails with EIO and its thread is replaced, so a hung source cannot stall the mount

@@ -114,10 +114,11 @@ class FormatState:
     ``planning`` is set under it and cleared by the probe without it (a bool store; readers only steer
     prefetch by it); ``planned`` (the sequential shape only) is made with ``planning`` and set when it
     is cleared, for readers that wait for the plan; ``heads`` is replaced whole under the lock and
-    read without it (one attribute load of an immutable tuple); ``maps`` is one store without a lock
-    (two opens racing to read the head find the same answer)."""
+    read without it (one attribute load of an immutable tuple); ``maps`` and ``passed`` are one store
+    each without a lock (two opens racing to read the head find the same answer; ``passed`` only
+    turns True)."""
 
-    __slots__ = ("probed", "planning", "planned", "plan", "heads", "maps")
+    __slots__ = ("probed", "planning", "planned", "plan", "heads", "maps", "passed")
 
     def __init__(self) -> None:
         self.probed = False  # a format probe was started
@@ -126,6 +127,7 @@ class FormatState:
         self.plan: RangePlan | None = None  # the format's range plan
         self.heads: tuple[HeadWindow, ...] = ()  # the fetched head windows, by start
         self.maps: bool | None = None  # the loader maps the file (FormatProbe.loader_maps; None: not read)
+        self.passed = False  # an open of the version was passed through by the stream route (Opener)
 
 
 class ReadState:

@@ -24,7 +24,8 @@ An open is read one of three ways, its :class:`Route`:
    attached, else its source file).
 6. on a source read as one stream per file (:mod:`fastfs.fsio.shape`'s sequential shape) with
    ``fuse.passthrough`` ``auto``, a file above the small-file scan's size passes through unless its
-   loader maps it and a jump on the source wastes a download (:func:`~fastfs.fsio.policy.stream_route_applies` and
+   loader maps it and a jump on the source wastes a download, or the version was passed through
+   before (a reload is served, so RAM keeps it for the next) (:func:`~fastfs.fsio.policy.stream_route_applies` and
    :func:`~fastfs.fsio.policy.stream_file_route`, pure; the first open of the version reads its first
    page to tell, :meth:`FormatProbe.loader_maps`, and the entry keeps the answer).
 
@@ -294,12 +295,21 @@ class Opener:
         tier = self.disk is not None
         if not stream_route_applies(mode, self.can_pass_through, self.natural, stream, entry.size, small, tier):
             return ROUTE_SERVED
-        known, waste = entry.format.maps, shaper.jumps_waste
-        maps = self.probe.loader_maps(entry) if known is None and waste else known
-        route = stream_file_route(maps, waste)
+        state = entry.format
+        # opened again: passed through before (the entry kept while idle), or read before (RAM holds its start)
+        reused = state.passed or self.cache.peek(entry.key, 0) is not None
+        known, waste = state.maps, shaper.jumps_waste
+        maps = self.probe.loader_maps(entry) if known is None and waste and not reused else known
+        route = stream_file_route(maps, waste, reused)
         passes = route == ROUTE_PASSTHROUGH
         self.stats.add(m.STREAM_ROUTE_PASSTHROUGH if passes else m.STREAM_ROUTE_SERVED)
-        if known is None:  # (the version's first decision, or a source whose jumps waste nothing)
+        if passes:
+            state.passed = True
+        if reused:
+            self.trace(
+                "open %s: served on a source read as one stream per file: opened again, RAM keeps it", entry.path
+            )
+        elif known is None:  # (the version's first decision, or a source whose jumps waste nothing)
             if not waste:
                 why = "a jump on this client costs one ranged request: every loader reads it as well directly"
             elif passes:

@@ -65,7 +65,7 @@ STREAM_FILLS = "stream_fills"  # block fills read on a file's one source stream 
 STREAM_JUMPS = "stream_jumps"  # of those, fills that did not continue where the stream stood (a restart)
 # Opens of large files of a stream-read source routed by their loader (policy.stream_file_route):
 STREAM_ROUTE_PASSTHROUGH = "stream_route_passthrough"  # ... read in order (or jumps waste nothing): to the kernel
-STREAM_ROUTE_SERVED = "stream_route_served"  # ... mapped by their loader (or an unreadable head): served
+STREAM_ROUTE_SERVED = "stream_route_served"  # ... mapped by their loader, opened again, or an unreadable head
 TIMEOUTS = "read_timeouts"
 # What fastfs asked the source (counted in fsio/source.py, the one place that talks to it).
 SOURCE_OPENS = "source_opens"  # files opened (an open's revalidation, scan fetches, extra block-read streams)

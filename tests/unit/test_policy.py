@@ -448,3 +448,9 @@ def test_stream_route_applies_to_large_files_of_a_stream_source_on_auto(
 )
 def test_stream_file_route_serves_only_mapped_files_where_jumps_waste(maps: bool | None, waste: bool, route: str):
     assert stream_file_route(maps, waste) == route
+
+
+@pytest.mark.parametrize("maps", [False, True, None])
+@pytest.mark.parametrize("waste", [False, True])
+def test_stream_file_route_serves_a_version_opened_again(maps: bool | None, waste: bool) -> None:
+    assert stream_file_route(maps, waste, reused=True) == ROUTE_SERVED
