@@ -600,3 +600,28 @@ def test_with_a_disk_tier_large_files_of_a_stream_client_stay_served(tmp_path, m
     finally:
         engine.close()
     assert c["stream_route_passthrough"] == c["stream_route_served"] == 0
+
+
+def test_a_version_opened_again_on_a_stream_client_is_served(tmp_path, monkeypatch) -> None:
+    """A reload through the client costs its whole download again: the second open is served, so
+    RAM keeps the version for the loads after it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(2 * MIB)
+    (src / "d.bin").write_bytes(data)
+    _fake_mount_table(tmp_path, src, "fuse.rclone", monkeypatch)
+    engine = Engine(str(src), _config("auto"))
+    try:
+        engine.opener.kernel_route = True
+        routes = []
+        for _ in range(3):
+            r = engine.open("/d.bin")
+            routes.append(r.route)
+            if r.route == SERVE:
+                assert _read_all(engine, r.fh, len(data)) == data
+            engine.release(r.fh)
+        c = engine.snapshot()["counters"]
+    finally:
+        engine.close()
+    assert routes == [PASS, SERVE, SERVE]
+    assert (c["stream_route_passthrough"], c["stream_route_served"]) == (1, 2)
