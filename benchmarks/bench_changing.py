@@ -439,6 +439,11 @@ def scenario_append(args: argparse.Namespace, spec: StorageSpec | None, work: st
             with open(os.path.join(directory, name), "wb") as f:
                 f.write(head)
             with c.root(storage_mnt(st, directory), fastfs_mnt) as root:
+                if _visible_after(os.path.join(root, name), args.limit) is None:
+                    # a client whose listing lags (rclone's dir cache) may not show the new file in time
+                    rows.append([c.label, f"> {args.limit:g} (file not listed)", "-", "-", route_note(c)])
+                    log(f"append, {c.label}: the new file was not visible within {args.limit:g} s")
+                    continue
                 fd = os.open(os.path.join(root, name), os.O_RDONLY)
                 try:
                     seen = _read_to_end(fd)  # like tail -f: the reader is at the end
@@ -463,6 +468,16 @@ def scenario_append(args: argparse.Namespace, spec: StorageSpec | None, work: st
     print(f"\n### a file appended to while a reader holds it open ({sizes}), {where}\n")
     headers = ["reader", "new bytes read after s", "fstat new size after s", "old bytes right", "route"]
     print(markdown_table(headers, rows, (0, 4)), flush=True)
+
+
+def _visible_after(path: str, limit: float) -> float | None:
+    """Seconds until *path* exists (polled), None when not within *limit*."""
+    t0 = time.monotonic()
+    while not os.path.exists(path):
+        if time.monotonic() - t0 > limit:
+            return None
+        time.sleep(POLL_INTERVAL)
+    return time.monotonic() - t0
 
 
 def _read_to_end(fd: int) -> bytes:
