@@ -23,11 +23,11 @@ An open is read one of three ways, its :class:`Route`:
 5. the entry: the handles of one version share one backing file (its disk copy once one is
    attached, else its source file).
 6. on a source read as one stream per file (:mod:`fastfs.fsio.shape`'s sequential shape) with
-   ``fuse.passthrough`` ``auto``, a file above the small-file scan's size passes through unless its
-   loader maps it and a jump on the source wastes a download, or the version was passed through
-   before (a reload is served, so RAM keeps it for the next) (:func:`~fastfs.fsio.policy.stream_route_applies` and
-   :func:`~fastfs.fsio.policy.stream_file_route`, pure; the first open of the version reads its first
-   page to tell, :meth:`FormatProbe.loader_maps`, and the entry keeps the answer).
+   ``fuse.passthrough`` ``auto`` and no disk tier, a file above the small-file scan's size passes
+   through unless its loader maps it where a jump wastes a download, or the version was opened
+   before (a reload is served, so RAM keeps it for the next): :func:`~fastfs.fsio.policy.stream_route_applies`
+   and :func:`~fastfs.fsio.policy.stream_file_route`, pure; the name or the first page tells the
+   loader (:meth:`FormatProbe.loader_maps`), and the entry keeps the answer.
 
 A backing file the kernel refuses is a second decision made here (:meth:`Opener.refused`): the
 refusal is recorded, so no later open passes through, and the open is decided again, served. So is

@@ -566,10 +566,10 @@ def stream_file_route(loader_maps: bool | None, jumps_waste: bool = True, reused
     ranged request and nothing more (s3fs) it passes through too.
 
     A version opened again (*reused*: passed through or read before on this mount, no handle holding
-    it passed through now)
-    is served whatever its loader: a reload through the client costs its whole download again (np.load
-    of 256 MiB over rclone: 0.74-0.80 s every time directly or passed through), while served, the
-    load fills the RAM cache once and every later one reads RAM (0.09-0.11 s)."""
+    it passed through now) is served whatever its loader: a reload through the client costs its whole
+    download again (np.load of 256 MiB over rclone: 0.67-0.80 s every time directly or passed
+    through), while served, the load fills the RAM cache once and every later one reads RAM
+    (0.09-0.10 s)."""
     if reused:
         return ROUTE_SERVED
     if loader_maps is False or not jumps_waste:

@@ -13,9 +13,9 @@ more than not reading ahead at all:
   the server's own read counter): one handle read in order, 4 MiB requests, 0.73 s and 1.06x the
   file at the server; 4 handles over contiguous quarters 0.64 s but 1.69x; 4 handles interleaving
   1 MiB pieces (the parallel shape) 1.19 s and 5.24x. So such a source is read with one handle per
-  file, strictly in order, in whole blocks (:data:`SEQUENTIAL`). There, a large file whose loader reads it in order
-  is not served at all: the client already streams it ahead of the loader, so it passes through
-  (:func:`fastfs.fsio.policy.stream_file_route`); only what a loader maps is served.
+  file, strictly in order, in whole blocks (:data:`SEQUENTIAL`). There, the first open of a large
+  file whose loader reads it in order passes through instead: the client already streams it ahead
+  of the loader (:func:`fastfs.fsio.policy.stream_file_route`, which also says what stays served).
 
 What is known (:class:`SourceFacts`): the type of the source's mount (its FUSE subtype names the
 client: ``fuse.rclone``); whether the source is local; optionally a measured probe of one handle

@@ -846,10 +846,7 @@ class SourceRef:
             if file is not None:
                 file.refs += 1
                 return file
-        fresh = self._source.open_file(self.path)
-        if fresh.key != self.key:
-            fresh.close()
-            raise OSError(errno.ESTALE, "source file changed since it was opened", self.path)
+        fresh = self.fresh()
         with self._lock:
             file = self.file
             if file is None:

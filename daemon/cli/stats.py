@@ -67,7 +67,7 @@ def _route_lines(c: dict[str, Any], g: dict[str, Any]) -> list[str]:
     if streamed or mapped:
         lines.append(
             f"  stream routes      {streamed} opens of large files passed through (their loader reads in order),"
-            f" {mapped} served (their loader maps them)"
+            f" {mapped} served (their loader maps them, or opened again: RAM keeps them)"
         )
     return lines
 

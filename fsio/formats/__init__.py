@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 HEAD_BYTES = 64 * 1024  # holds every npy header np.load accepts by default, most safetensors headers and
 # a torch.save data.pkl of a few hundred tensors, yet costs one modest read on every open
@@ -138,17 +139,23 @@ def preload() -> None:
     itself and imports numpy only for the others (see :mod:`.npy`); before it did, the first plan of
     a ``.npy`` took 43-96 ms, numpy's import, against 0.2 ms for the next one, on this project's 2-core
     VM. Called once per engine, on a thread of its own (:meth:`fastfs.fsio.engine.Engine.preload`)."""
-    from fastfs.fsio.formats import npy, pickle_payloads, safetensors, torchzip  # noqa: F401
+    _parsers()
+
+
+def _parsers() -> tuple[Any, ...]:
+    """The format modules, in the order their ``detect`` is tried (imported on first use: the parsers
+    import this module)."""
+    from fastfs.fsio.formats import npy, pickle_payloads, safetensors, torchzip
+
+    return (npy, torchzip, pickle_payloads, safetensors)
 
 
 def loader_maps(head: bytes) -> bool:
     """True when the first bytes of a file (:data:`DETECT_BYTES` are enough) are those of a format whose
     loader maps the file instead of reading it (safetensors): its page faults then reach the file out
     of order. By content only; never raises (unknown content: False)."""
-    from fastfs.fsio.formats import npy, pickle_payloads, safetensors, torchzip
-
     try:
-        for module in (npy, torchzip, pickle_payloads, safetensors):
+        for module in _parsers():
             if module.detect(head):
                 return bool(module.MAPPED)
     except Exception:  # untrusted input: an unknown format, never a failed open
@@ -161,10 +168,8 @@ def maps_by_name(path: str) -> bool | None:
     ``.pdparams``, ``.pkl`` ...: False), None for a name no format here claims (then
     :func:`loader_maps` of its first bytes tells). A hint, for the route on a stream source only
     (see the module docstring); plans are never made from names."""
-    from fastfs.fsio.formats import npy, pickle_payloads, safetensors, torchzip
-
     name = path.rpartition("/")[2].lower()
-    for module in (npy, torchzip, pickle_payloads, safetensors):
+    for module in _parsers():
         if name.endswith(module.SUFFIXES):
             return bool(module.MAPPED)
     return None
@@ -176,13 +181,11 @@ def plan_for(head: bytes, size: int, read_at: ReadAt) -> Plan | None:
     Detection is by content only. Returns ``None`` for an unknown format or a file that does not parse;
     never raises. Calls ``read_at`` at most :data:`MAX_READS` times.
     """
-    from fastfs.fsio.formats import npy, pickle_payloads, safetensors, torchzip
-
     try:
         if not isinstance(size, int) or size <= 0:
             return None
         head = bytes(head[:size])
-        for module in (npy, torchzip, pickle_payloads, safetensors):
+        for module in _parsers():
             if module.detect(head):
                 plan = module.plan(head, size, read_at)
                 if plan is None:
