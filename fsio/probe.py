@@ -61,7 +61,7 @@ from fastfs.fsio.entry import FileEntry, HeadWindow
 from fastfs.fsio.fills import Fills
 from fastfs.fsio.policy import RangePlan, file_order
 from fastfs.fsio.pool import PreadPool
-from fastfs.fsio.shape import PROBE_DUE
+from fastfs.fsio.shape import PROBE_DUE, SETTLE_WAIT
 from fastfs.fsio.source import DIRECT_ALIGN, HeadKey
 from fastfs.fsio.trace import DecisionLog
 
@@ -201,7 +201,11 @@ class FormatProbe:
             self.trace("%s: no known format in its first bytes: prefetch follows sequential reads only", entry.path)
             return
         self.stats.add(m.FORMAT_PLANS)
-        sequential = self.fills.shaper.sequential
+        shaper = self.fills.shaper
+        if shaper.provisional:  # the source's jump probe runs (started at this open): a plan decided
+            # now would be read whole on one stream, as if the source were one; wait for its answer
+            shaper.wait_settled(SETTLE_WAIT)
+        sequential = shaper.sequential
         if not sequential:
             self._fetch_heads(entry, plan)
         max_lead = max(FORMAT_LEAD, 2 * self.readahead.max_window)

@@ -37,9 +37,11 @@ benchmarks charges 8 MiB for it), so the probe costs one or two of them, once pe
 and the probe's state, for the stats snapshot. While a probe is due or running the shape is
 :data:`SEQUENTIAL`: it never makes the source move more than the reader asks for, where the parallel
 shape would multiply it on a stream-oriented client; on a source the probe then finds parallel, the
-files read meanwhile only had one handle instead of several. Concurrency: ``shape`` is replaced
+files read meanwhile only had one handle instead of several. A format plan decided in that window
+would read its whole file that way, so the format probe waits for a running jump probe first
+(:meth:`Shaper.wait_settled`, bounded by :data:`SETTLE_WAIT`). Concurrency: ``shape`` is replaced
 whole (one attribute store) and read without a lock on the fill path; the rest is written under
-``_lock``.
+``_lock``, whose condition ``_settled`` wakes the waiters when a running probe ends.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ PROBE_READ = 128 * 1024
 # Probes of a mount that may fail (a file that vanished, an I/O error) before the shape is settled
 # without one.
 PROBE_ATTEMPTS = 3
+# Seconds a format probe waits for a running jump probe before it plans in the provisional shape: the
+# probe is an open and four reads of 128 KiB, milliseconds on any source worth reading in parallel.
+SETTLE_WAIT = 2.0
 # Probe read kinds (see probe_reads).
 START, CONTINUE, JUMP = "start", "continue", "jump"
 # Probe states (Shaper.probe_state).
@@ -182,6 +187,7 @@ class Shaper:
         self.facts = facts
         self.override = override
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)  # notified when a running probe ends
         self.attempts = 0  # probes that failed (guarded by _lock)
         self.error = ""  # the last probe failure, for the report (guarded by _lock)
         if needs_probe(facts, override):
@@ -225,6 +231,13 @@ class Shaper:
         with self._lock:
             if self.probe_state == PROBE_RUNNING:
                 self.probe_state = PROBE_DUE
+            self._settled.notify_all()
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Wait up to *timeout* seconds while the jump probe runs; True when none is running then
+        (the shape in force is the probe's, or it is still only due)."""
+        with self._lock:
+            return self._settled.wait_for(lambda: self.probe_state != PROBE_RUNNING, timeout)
 
     def probed(self, continue_seconds: float, jump_seconds: float) -> Shape:
         """The probe measured: the shape is chosen from the facts with its timings; returns it."""
@@ -232,6 +245,7 @@ class Shaper:
             self.facts = replace(self.facts, continue_seconds=continue_seconds, jump_seconds=jump_seconds)
             self.shape = choose(self.facts, self.override)
             self.probe_state = PROBE_DONE
+            self._settled.notify_all()
             return self.shape
 
     def probe_failed(self, error: str) -> Shape:
@@ -246,6 +260,7 @@ class Shaper:
                 self.probe_state = PROBE_FAILED
                 chosen = choose(self.facts, self.override)
                 self.shape = Shape(chosen.kind, f"{chosen.reason} (the jump probe failed: {error})")
+            self._settled.notify_all()
             return self.shape
 
     def report(self) -> dict[str, Any]:

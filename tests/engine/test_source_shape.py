@@ -15,6 +15,7 @@ import errno
 import fcntl
 import os
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -276,6 +277,40 @@ def test_a_random_reader_pays_no_block_while_the_shape_waits_for_the_jump_probe(
     assert counters["bytes_fetched_prefetch"] <= formats.HEAD_BYTES  # the format probe's head, nothing more
     fetched = counters["bytes_fetched_prefetch"] + counters["bytes_fetched_demand"]
     assert fetched <= len(offsets) * 4096 + formats.HEAD_BYTES
+
+
+def test_a_format_plan_waits_for_the_running_jump_probe(tmp_path: Path, monkeypatch) -> None:
+    """The format probe of the first large file plans while the source's jump probe still runs: it
+    waits for the probe's answer instead of reading the whole file on one stream as if the source
+    were a stream client. (Once the .npy planner stopped importing numpy, its plan came before the
+    probe's answer on the benchmarks' emulator, and np.load of 1 GiB ran 1.5x direct instead of 9x.)"""
+    src = tmp_path / "src"
+    src.mkdir()
+    arr = np.arange(6 * MIB, dtype=np.float32)  # 24 MiB of data: above PROBE_MIN_SIZE with the padding below
+    np.save(src / "w.npy", np.concatenate([arr, arr[: 3 * MIB]]))
+    data = (src / "w.npy").read_bytes()
+    assert len(data) >= shape.PROBE_MIN_SIZE
+    _fake_mount_table(tmp_path, src, "fuse.unknownfs", monkeypatch)
+    probing = threading.Event()
+
+    def probe(path: str, size: int) -> tuple[float, float]:
+        probing.set()
+        time.sleep(0.5)  # a slow probe: the format plan is decided long before it answers
+        return 0.0005, 0.0005
+
+    engine = Engine(str(src), _config("auto"))
+    engine.fills.jump_probe = probe
+    try:
+        fh = engine.open("/w.npy").fh
+        assert probing.wait(10)
+        assert wait_for(lambda: not engine.handles.get(fh).format.planning, timeout=10)
+        assert not engine.shaper.sequential  # the plan was decided after the probe's answer
+        assert engine.read(fh, 0, len(data)) == data
+        engine.release(fh)
+        counters = engine.snapshot()["counters"]
+    finally:
+        engine.close()
+    assert counters["stream_fills"] == 0  # no block read on one stream
 
 
 def test_jump_probe_reads_one_fresh_handle(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ mount table's type of the source's mount; the shaper's probe states; the setting
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import pytest
 
@@ -146,6 +147,26 @@ def test_shaper_probe_lifecycle():
     assert "30.0 ms" in stream.report()["reason"]
     assert stream.sequential and not stream.provisional  # settled: a stream
     assert not shape.Shaper(SourceFacts("fuse.rclone")).provisional  # a known client needs no probe
+
+
+@pytest.mark.parametrize("ending", ["probed", "failed", "unclaimed"])
+def test_shaper_wait_settled_wakes_when_the_running_probe_ends(ending: str) -> None:
+    shaper = shape.Shaper(SourceFacts("fuse.unknownfs"))
+    assert shaper.wait_settled(0)  # due, not running: nothing to wait for
+    assert shaper.claim_probe(shape.PROBE_MIN_SIZE)
+    assert not shaper.wait_settled(0.01)  # running: the wait times out
+    end = {
+        "probed": lambda: shaper.probed(0.001, 0.001),
+        "failed": lambda: shaper.probe_failed("EIO (/x)"),
+        "unclaimed": shaper.unclaim_probe,
+    }[ending]
+    timer = threading.Timer(0.05, end)
+    timer.start()
+    try:
+        assert shaper.wait_settled(10)  # woken by the end, long before the bound
+    finally:
+        timer.join()
+    assert shaper.probe_state != shape.PROBE_RUNNING
 
 
 def test_shaper_failed_probes_settle_without_one():
