@@ -471,13 +471,8 @@ def scenario_append(args: argparse.Namespace, spec: StorageSpec | None, work: st
 
 
 def _visible_after(path: str, limit: float) -> float | None:
-    """Seconds until *path* exists (polled), None when not within *limit*."""
-    t0 = time.monotonic()
-    while not os.path.exists(path):
-        if time.monotonic() - t0 > limit:
-            return None
-        time.sleep(POLL_INTERVAL)
-    return time.monotonic() - t0
+    """Seconds until *path* exists (polled by :func:`wait_for`), None when not within *limit*."""
+    return wait_for(lambda: os.path.exists(path), limit)
 
 
 def _read_to_end(fd: int) -> bytes:

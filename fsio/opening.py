@@ -290,10 +290,9 @@ class Opener:
         maps it (:func:`~fastfs.fsio.policy.stream_file_route`; the first open of the version reads its
         first bytes, :meth:`FormatProbe.loader_maps`); ``served`` where that does not apply."""
         shaper = self.probe.fills.shaper
-        stream = shaper.sequential and not shaper.provisional
         mode, small = self.config.fuse.passthrough, self.scanner.scan_max()
         tier = self.disk is not None
-        if not stream_route_applies(mode, self.can_pass_through, self.natural, stream, entry.size, small, tier):
+        if not stream_route_applies(mode, self.can_pass_through, self.natural, shaper.stream, entry.size, small, tier):
             return ROUTE_SERVED
         state = entry.format
         # opened again: passed through before (the entry kept while idle), or read before (RAM holds its start)

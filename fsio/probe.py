@@ -164,8 +164,7 @@ class FormatProbe:
         cached = self._cached_range(entry, offset, length)
         if cached is not None:  # warmed or scanned already: no source read for the probe
             return cached
-        shaper = self.fills.shaper
-        if shaper.sequential and not shaper.provisional and offset + length <= self.block_size:
+        if self.fills.shaper.stream and offset + length <= self.block_size:
             buf = bytearray(max(0, min(length, entry.size - offset)))
             n = self.fills.from_stream_block(entry, offset, memoryview(buf))
             if n is not None:

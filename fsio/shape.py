@@ -210,6 +210,12 @@ class Shaper:
         return self.probe_state in (PROBE_DUE, PROBE_RUNNING)
 
     @property
+    def stream(self) -> bool:
+        """The source is known to be read as one stream per file: :data:`SEQUENTIAL` by a known client, a
+        setting or the jump probe's answer, not only while the probe is due or running."""
+        return self.shape.kind == SEQUENTIAL and not self.provisional
+
+    @property
     def jumps_waste(self) -> bool:
         """A jump on one handle of the source wastes a download (every stream source but the
         :data:`CHEAP_JUMP_CLIENTS`; an unknown one found a stream by the jump probe counts as wasting)."""

@@ -146,7 +146,10 @@ def test_shaper_probe_lifecycle():
     assert stream.probed(0.0005, 0.030).kind == SEQUENTIAL
     assert "30.0 ms" in stream.report()["reason"]
     assert stream.sequential and not stream.provisional  # settled: a stream
+    assert stream.stream and not shaper.stream
     assert not shape.Shaper(SourceFacts("fuse.rclone")).provisional  # a known client needs no probe
+    assert shape.Shaper(SourceFacts("fuse.rclone")).stream
+    assert not shape.Shaper(SourceFacts("fuse.unknownfs")).stream  # sequential only until the probe tells
 
 
 @pytest.mark.parametrize("ending", ["probed", "failed", "unclaimed"])
