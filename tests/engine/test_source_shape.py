@@ -313,6 +313,38 @@ def test_a_format_plan_waits_for_the_running_jump_probe(tmp_path: Path, monkeypa
     assert counters["stream_fills"] == 0  # no block read on one stream
 
 
+def test_page_faults_out_of_plan_order_are_fetched_once(tmp_path: Path, monkeypatch) -> None:
+    """A mapped load that touches the file far ahead of the plan before it copies in order (safetensors'
+    load_file: the kernel reads around each touch, 1 MiB on either side) on a source read in parallel:
+    those reads take their whole blocks at demand priority, so the plan's fills find them and the
+    source reads each byte of the file once. (Read exactly, each was fetched again by the plan: 1.13x
+    the file over sshfs.)"""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = _safetensors_bytes(os.urandom(40 * MIB))
+    (src / "m.safetensors").write_bytes(data)
+    _drop_page_cache(src / "m.safetensors")
+    recorder = Recorder(src / "m.safetensors")
+    monkeypatch.setattr(os, "preadv", recorder)
+    engine = Engine(str(src), _config(PARALLEL))
+    try:
+        fh = engine.open("/m.safetensors").fh
+        assert wait_for(lambda: not engine.handles.get(fh).format.planning, timeout=10)
+        assert engine.handles.get(fh).format.plan is not None
+        for touch in (16 * MIB, 32 * MIB):  # far ahead of where the plan releases its fills
+            assert engine.read(fh, touch, MIB) == data[touch : touch + MIB]
+            assert engine.read(fh, touch - MIB, MIB) == data[touch - MIB : touch]
+        assert _read_all(engine, fh, len(data)) == data
+        engine.release(fh)
+    finally:
+        engine.close()
+        monkeypatch.setattr(os, "preadv", recorder._real)
+    fetched = sum(size for reads in recorder.reads.values() for _, size in reads)
+    # each byte once, but the format probe's head (read exactly, then again with block 0); read
+    # exactly, the four touches' MiB were read again by the plan's fills of their blocks
+    assert fetched <= len(data) + MIB, (fetched, len(data))
+
+
 def test_jump_probe_reads_one_fresh_handle(tmp_path: Path) -> None:
     """The probe's I/O on a real file: positive timings; a file too small to jump far is refused."""
     src = tmp_path / "src"
