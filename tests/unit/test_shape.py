@@ -25,6 +25,11 @@ from fastfs.fsio.shape import PARALLEL, SEQUENTIAL, SourceFacts
         (SourceFacts("fuse.s3fs"), "auto", SEQUENTIAL),
         (SourceFacts("fuse.gcsfuse"), "auto", SEQUENTIAL),
         (SourceFacts("fuse.mountpoint-s3"), "auto", SEQUENTIAL),
+        # a client whose protocol reads by offset is parallel whatever a probe measured next to a
+        # loader on a busy link (over sshfs: jump 3.6 ms, continuing read 0.8 ms, once)
+        (SourceFacts("fuse.sshfs", continue_seconds=0.0008, jump_seconds=0.0036), "auto", PARALLEL),
+        (SourceFacts("fuse.ceph-fuse"), "auto", PARALLEL),
+        (SourceFacts("fuse.sshfs"), "sequential", SEQUENTIAL),
         (SourceFacts("fuse.rclone"), "parallel", PARALLEL),  # the setting wins
         (SourceFacts("nfs4"), "sequential", SEQUENTIAL),
         (SourceFacts("ext4", local=True), "sequential", SEQUENTIAL),
@@ -94,7 +99,8 @@ def test_mount_type_unreadable_table_is_unknown(tmp_path):
     [
         ("fuse.rclone", "fuse.rclone", SEQUENTIAL, shape.PROBE_NONE),  # a known stream client: no probe
         ("nfs4", "nfs4", PARALLEL, shape.PROBE_NONE),  # a kernel filesystem: no probe
-        ("fuse.sshfs", "fuse.sshfs", SEQUENTIAL, shape.PROBE_DUE),  # an unknown FUSE client: probed
+        ("fuse.sshfs", "fuse.sshfs", PARALLEL, shape.PROBE_NONE),  # reads by offset (SFTP): no probe
+        ("fuse.unknownfs", "fuse.unknownfs", SEQUENTIAL, shape.PROBE_DUE),  # an unknown FUSE client: probed
         ("fuse", "fuse", SEQUENTIAL, shape.PROBE_DUE),  # FUSE without a subtype: probed too
     ],
 )
