@@ -299,11 +299,12 @@ class Fills:
         for job in fill.jobs:
             self.pool.promote(job)
 
-    def probe_shape(self, entry: FileEntry) -> None:
+    def probe_shape(self, entry: FileEntry, at_open: bool = False) -> None:
         """Start the jump probe on *entry*'s file when the shaper wants one and the file is large enough
-        (the format probe calls this at a version's first open, a fill of the source before it)."""
+        (the format probe calls this at a version's first open, *at_open*; a fill of the source before
+        it; a stream verdict's recheck only at an open)."""
         probe, shaper = self.jump_probe, self.shaper
-        if probe is None or not shaper.claim_probe(entry.size):
+        if probe is None or not shaper.claim_probe(entry.size, at_open, entry.path):
             return
         path, size = entry.path, entry.size
 

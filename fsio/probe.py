@@ -61,7 +61,7 @@ from fastfs.fsio.entry import FileEntry, HeadWindow
 from fastfs.fsio.fills import Fills
 from fastfs.fsio.policy import RangePlan, file_order
 from fastfs.fsio.pool import PreadPool
-from fastfs.fsio.shape import PROBE_DUE, SETTLE_WAIT
+from fastfs.fsio.shape import PROBE_DUE, PROBE_RECHECK, SETTLE_WAIT
 from fastfs.fsio.source import DIRECT_ALIGN, HeadKey
 from fastfs.fsio.trace import DecisionLog
 
@@ -128,8 +128,8 @@ class FormatProbe:
     def maybe_probe(self, entry: FileEntry) -> None:
         """Queue the format probe of *entry* unless it had one (or is too small, or formats are off);
         the source's jump probe too, when its shape still waits for one."""
-        if self.fills.shaper.probe_state == PROBE_DUE:
-            self.fills.probe_shape(entry)
+        if self.fills.shaper.probe_state in (PROBE_DUE, PROBE_RECHECK):
+            self.fills.probe_shape(entry, at_open=True)
         state = entry.format
         if not self.readahead.formats or state.probed or entry.size < FORMAT_MIN_SIZE:
             return

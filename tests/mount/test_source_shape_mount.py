@@ -105,7 +105,9 @@ def test_auto_probes_an_unknown_fuse_client(tmp_path, data_dir, spec, kind) -> N
         with mounted(emu.mnt, mnt, options=["fuse.passthrough=off"]) as m:
             assert m.stats()["source"]["probe"] == "due"
             assert _read_through(m.mnt) == data
-            assert wait_for(lambda: m.stats()["source"]["probe"] == "done", timeout=30)
+            # a stream verdict is probed again at another large file's open (this tree has one)
+            settled = "recheck" if kind == "sequential" else "done"
+            assert wait_for(lambda: m.stats()["source"]["probe"] == settled, timeout=30)
             section = m.stats()["source"]
             human = subprocess.run(
                 [*FASTFS, "stats", str(m.mnt)], capture_output=True, text=True, timeout=60, check=True
@@ -114,7 +116,7 @@ def test_auto_probes_an_unknown_fuse_client(tmp_path, data_dir, spec, kind) -> N
     assert section["shape"] == kind, section
     assert section["probe_jump_ms"] > 0 and section["probe_continue_ms"] > 0
     line = next(line for line in human.splitlines() if "source shape" in line)
-    assert f"source shape       {kind} (" in line and "mount type fuse.latency_fs, jump probe done" in line, line
+    assert f"source shape       {kind} (" in line and f"mount type fuse.latency_fs, jump probe {settled}" in line, line
 
 
 def _safetensors(payload: bytes) -> bytes:

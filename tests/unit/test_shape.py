@@ -158,6 +158,43 @@ def test_shaper_probe_lifecycle():
     assert not shape.Shaper(SourceFacts("fuse.unknownfs")).stream  # sequential only until the probe tells
 
 
+def test_shaper_stream_verdict_is_rechecked_at_later_opens():
+    """A stream verdict stays in force but is probed again at the next PROBE_CONFIRMS large files'
+    opens (never by a fill); the cheapest continuing read and jump of all probes decide, so one quiet
+    probe undoes a verdict a busy link made (noise never makes a jump cheap)."""
+    big = shape.PROBE_MIN_SIZE
+    noisy = shape.Shaper(SourceFacts("fuse.unknownfs"))
+    assert noisy.claim_probe(big, at_open=True, path="/a")
+    assert noisy.probed(0.0008, 0.0036).kind == SEQUENTIAL  # over sshfs next to a loader, once
+    assert noisy.probe_state == shape.PROBE_RECHECK
+    assert noisy.stream and not noisy.provisional  # the verdict is in force meanwhile
+    assert not noisy.claim_probe(big, path="/b")  # not by a fill
+    assert not noisy.claim_probe(big, at_open=True, path="/a")  # nor the loader's next open of /a
+    assert noisy.claim_probe(big, at_open=True, path="/b")
+    noisy.unclaim_probe()  # could not be started: the recheck is due again
+    assert noisy.probe_state == shape.PROBE_RECHECK
+    assert noisy.claim_probe(big, at_open=True, path="/b")
+    chosen = noisy.probed(0.0012, 0.0012)  # a quiet probe
+    assert chosen.kind == PARALLEL and noisy.probe_state == shape.PROBE_DONE
+    report = noisy.report()
+    assert (report["probe_continue_ms"], report["probe_jump_ms"], report["probes"]) == (0.8, 1.2, 2)
+    assert not noisy.claim_probe(big, at_open=True, path="/c")
+
+    stream = shape.Shaper(SourceFacts("fuse.unknownfs"))
+    for probe in range(1, shape.PROBE_CONFIRMS + 2):
+        assert stream.claim_probe(big, at_open=True, path=f"/{probe}")
+        assert stream.probed(0.0005, 0.030 + probe / 1000).kind == SEQUENTIAL
+    assert stream.probe_state == shape.PROBE_DONE and stream.report()["probes"] == shape.PROBE_CONFIRMS + 1
+    assert "31.0 ms" in stream.report()["reason"]  # the cheapest jump of all
+    assert not stream.claim_probe(big, at_open=True, path="/other")
+
+    failing = shape.Shaper(SourceFacts("fuse.unknownfs"))
+    assert failing.claim_probe(big, path="/a") and failing.probed(0.0005, 0.030).kind == SEQUENTIAL
+    assert failing.claim_probe(big, at_open=True, path="/b")
+    assert failing.probe_failed("EIO (/x)").kind == SEQUENTIAL  # a recheck that fails keeps the verdict
+    assert failing.probe_state == shape.PROBE_DONE and not failing.claim_probe(big, at_open=True, path="/c")
+
+
 @pytest.mark.parametrize("ending", ["probed", "failed", "unclaimed"])
 def test_shaper_wait_settled_wakes_when_the_running_probe_ends(ending: str) -> None:
     shaper = shape.Shaper(SourceFacts("fuse.unknownfs"))
