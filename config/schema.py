@@ -330,7 +330,8 @@ class ReadaheadConfig:
     blocks strictly in order: clients that serve a handle as one ranged download, such as rclone
     without its VFS cache, s3fs, gcsfuse without its file cache), or ``auto``: chosen from the source's
     mount type, and for an unknown FUSE client from a probe of one handle (a jump against a continuing
-    read). ``fastfs stats`` shows the choice and why. Needs a remount to change."""
+    read; a stream verdict is probed again at the next two other large files opened). ``fastfs stats``
+    shows the choice and why. Needs a remount to change."""
 
     def validate(self) -> None:
         _check(
