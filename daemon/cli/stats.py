@@ -78,7 +78,7 @@ def _source_line(source: dict[str, Any] | None) -> list[str]:
         return []
     probe = source.get("probe", "?")
     if probe == "recheck":  # a stream verdict, probed again at another large file's open
-        probe = f"recheck (a stream after {source.get('probes', '?')}; again at another large file's open)"
+        probe = f"recheck (found a stream {source.get('probes', '?')}x; probed again at another large file's open)"
     return [
         f"  source shape       {source.get('shape', '?')} ({source.get('reason', '?')});"
         f" mount type {source.get('mount_type') or 'unknown'}, jump probe {probe}"
