@@ -67,7 +67,7 @@ STREAM_CLIENTS = frozenset(
 # FUSE subtypes of clients whose protocol reads by offset (SFTP, Ceph, Gluster, JuiceFS's chunks): any
 # handle reads any offset, so they are read in parallel without a probe. A probe runs next to the
 # loader whose open started it, and on a busy link it can take the loader's queue for a restart:
-# once in about 8 fresh mounts over loopback sshfs it found a "stream" (jump 3.6 ms, continuing read
+# in one of nine fresh mounts over loopback sshfs it found a "stream" (jump 3.6 ms, continuing read
 # 0.8 ms; alone it measures the two within 0.3 ms at 0, 2 and 10 ms of delay), and over sshfs at
 # 10 ms one-way delay np.load of 256 MiB ran at 0.98x direct read as one stream against 7.7x in
 # parallel. (Measured over sshfs; the others are named for their protocol.)
@@ -94,7 +94,7 @@ PROBE_READ = 128 * 1024
 PROBE_ATTEMPTS = 3
 # Probes after a first stream verdict before it is final, each at the open of another large file: a
 # probe runs next to the loader whose open started it, and a busy link can make a jump look like a
-# restart (over loopback sshfs, once in about 8 fresh mounts: jump 3.6 ms, continuing read 0.8 ms)
+# restart (over loopback sshfs, in one of nine fresh mounts: jump 3.6 ms, continuing read 0.8 ms)
 # while noise never makes a jump cheap, so the cheapest of each over all probes decides. On a real
 # stream client each costs one or two restarted downloads, once per mount.
 PROBE_CONFIRMS = 2
