@@ -698,6 +698,37 @@ def test_stream_client_routes_large_files_by_their_loader(tmp_path, monkeypatch,
     assert (c["stream_route_passthrough"], c["stream_route_served"]) == (passed, len(routes) - passed)
 
 
+def test_the_first_large_open_on_an_unknown_client_waits_for_the_jump_probe(tmp_path, monkeypatch) -> None:
+    """On a FUSE client fastfs does not know, the first large file's open starts the jump probe and
+    waits for its answer before it routes the file: found a stream client, an in-order loader's file
+    passes through (served on one stream while the shape was provisional, two 1 GiB files read by
+    two processes over the emulated stream client ran 0.53x direct)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "a.npy", "wb") as f:
+        np.lib.format.write_array(f, np.zeros(shape.PROBE_MIN_SIZE, dtype=np.uint8))
+    _fake_mount_table(tmp_path, src, "fuse.unknownfs", monkeypatch)
+    probed: list[str] = []
+
+    def probe(path: str, size: int) -> tuple[float, float]:
+        time.sleep(0.2)  # a restarted download or two
+        probed.append(path)
+        return 0.0005, 0.030
+
+    engine = Engine(str(src), _config("auto"))
+    engine.fills.jump_probe = probe
+    try:
+        engine.opener.kernel_route = True
+        assert engine.shaper.provisional
+        r = engine.open("/a.npy")
+        engine.release(r.fh)
+        section = engine.snapshot()["source"]
+    finally:
+        engine.close()
+    assert r.route == PASS  # (served on one stream, without the wait)
+    assert probed == ["/a.npy"] and section["shape"] == SEQUENTIAL
+
+
 def test_with_a_disk_tier_large_files_of_a_stream_client_stay_served(tmp_path, monkeypatch) -> None:
     """A disk tier is a request for local copies of what the mount reads: only served reads make them."""
     src = tmp_path / "src"
