@@ -27,7 +27,9 @@ An open is read one of three ways, its :class:`Route`:
    through unless its loader maps it where a jump wastes a download, or the version was opened
    before (a reload is served, so RAM keeps it for the next): :func:`~fastfs.fsio.policy.stream_route_applies`
    and :func:`~fastfs.fsio.policy.stream_file_route`, pure; the name or the first page tells the
-   loader (:meth:`FormatProbe.loader_maps`), and the entry keeps the answer.
+   loader (:meth:`FormatProbe.loader_maps`), and the entry keeps the answer. Where the shape still
+   waits for the jump probe (a FUSE client fastfs does not know), such an open starts the probe on
+   its file and waits for the answer (:data:`~fastfs.fsio.shape.SETTLE_WAIT` at most) first.
 
 A backing file the kernel refuses is a second decision made here (:meth:`Opener.refused`): the
 refusal is recorded, so no later open passes through, and the open is decided again, served. So is

@@ -44,7 +44,9 @@ and the probe's state, for the stats snapshot. While a probe is due or running t
 shape would multiply it on a stream-oriented client; on a source the probe then finds parallel, the
 files read meanwhile only had one handle instead of several. A format plan decided in that window
 would read its whole file that way, so the format probe waits for a running jump probe first
-(:meth:`Shaper.wait_settled`, bounded by :data:`SETTLE_WAIT`). Concurrency: ``shape`` is replaced
+(:meth:`Shaper.wait_settled`, bounded by :data:`SETTLE_WAIT`), and so does the route of a large
+file's open, which starts the probe on that file when it is due (served in that window, a stream
+client's in-order loader would be read on one stream at half the client's own speed). Concurrency: ``shape`` is replaced
 whole (one attribute store) and read without a lock on the fill path; the rest is written under
 ``_lock``, whose condition ``_settled`` wakes the waiters when a running probe ends.
 """
