@@ -28,8 +28,9 @@ An open is read one of three ways, its :class:`Route`:
    before (a reload is served, so RAM keeps it for the next): :func:`~fastfs.fsio.policy.stream_route_applies`
    and :func:`~fastfs.fsio.policy.stream_file_route`, pure; the name or the first page tells the
    loader (:meth:`FormatProbe.loader_maps`), and the entry keeps the answer. Where the shape still
-   waits for the jump probe (a FUSE client fastfs does not know), such an open starts the probe on
-   its file and waits for the answer (:data:`~fastfs.fsio.shape.SETTLE_WAIT` at most) first.
+   waits for the jump probe (a FUSE client fastfs does not know), the open that starts the probe on
+   its file, and an open of another file of a probe's size while it runs, wait for the answer first,
+   until :data:`~fastfs.fsio.shape.SETTLE_WAIT` after the probe started at most.
 
 A backing file the kernel refuses is a second decision made here (:meth:`Opener.refused`): the
 refusal is recorded, so no later open passes through, and the open is decided again, served. So is
@@ -90,7 +91,7 @@ from fastfs.fsio.policy import (
 )
 from fastfs.fsio.probe import FormatProbe
 from fastfs.fsio.scanner import FRESH, MetaEntry, Scanner
-from fastfs.fsio.shape import SETTLE_WAIT
+from fastfs.fsio.shape import PROBE_MIN_SIZE, SETTLE_WAIT
 from fastfs.fsio.source import FileKey, HeadKey, Source, SourceFile, SourceRef
 from fastfs.fsio.trace import DecisionLog
 
@@ -297,13 +298,14 @@ class Opener:
         tier = self.disk is not None
         if not stream_route_applies(mode, self.can_pass_through, self.natural, True, entry.size, small, tier):
             return ROUTE_SERVED  # (not even on a stream client)
-        if shaper.provisional:
-            # the source's shape waits for the jump probe (a client fastfs does not know): a stream
-            # client's in-order loader would be served on one stream for its whole read, at half
-            # the client's own speed (two 1 GiB files on the emulated stream client: 0.53x
-            # direct), so the open starts the probe on this file and waits for its answer
-            self.probe.fills.probe_shape(entry, at_open=True)
-            shaper.wait_settled(SETTLE_WAIT)
+        if shaper.provisional and (self.probe.fills.probe_shape(entry, at_open=True) or entry.size >= PROBE_MIN_SIZE):
+            # the source's shape waits for the jump probe (a client fastfs does not know), started by
+            # this open or running: a stream client's in-order loader would be served on one stream
+            # for its whole read, at half the client's own speed (two 1 GiB files read by two
+            # processes on the emulated stream client: 0.53-0.66x direct), so the open waits for the
+            # answer, until SETTLE_WAIT after the probe started at most (a probe hung on its file
+            # holds up the opens of other files only that long, and of smaller files never)
+            shaper.wait_probe(SETTLE_WAIT)
         if not shaper.stream:
             return ROUTE_SERVED
         state = entry.format

@@ -44,9 +44,12 @@ and the probe's state, for the stats snapshot. While a probe is due or running t
 shape would multiply it on a stream-oriented client; on a source the probe then finds parallel, the
 files read meanwhile only had one handle instead of several. A format plan decided in that window
 would read its whole file that way, so the format probe waits for a running jump probe first
-(:meth:`Shaper.wait_settled`, bounded by :data:`SETTLE_WAIT`), and so does the route of a large
-file's open, which starts the probe on that file when it is due (served in that window, a stream
-client's in-order loader would be read on one stream at half the client's own speed). Concurrency: ``shape`` is replaced
+(:meth:`Shaper.wait_settled`, bounded by :data:`SETTLE_WAIT`), and so does the route of the large
+file's open that starts the probe on its file, and of other files of a probe's size opened while it
+runs (served in that window, a stream client's in-order loader would be read on one stream at half
+the client's own speed), until :data:`SETTLE_WAIT` after the probe started at most
+(:meth:`Shaper.wait_probe`: a probe hung on its file holds up opens only in that span, and smaller
+files never). Concurrency: ``shape`` is replaced
 whole (one attribute store) and read without a lock on the fill path; the rest is written under
 ``_lock``, whose condition ``_settled`` wakes the waiters when a running probe ends.
 """
@@ -54,6 +57,8 @@ whole (one attribute store) and read without a lock on the fill path; the rest i
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -208,9 +213,10 @@ class Shaper:
     """A mount's shape at run time: the facts, the override, the shape in force and the probe's state
     (see the module docstring)."""
 
-    def __init__(self, facts: SourceFacts, override: str = AUTO) -> None:
+    def __init__(self, facts: SourceFacts, override: str = AUTO, clock: Callable[[], float] = time.monotonic) -> None:
         self.facts = facts
         self.override = override
+        self.clock = clock
         self._lock = threading.Lock()
         self._settled = threading.Condition(self._lock)  # notified when a running probe ends
         self.attempts = 0  # probes that failed (guarded by _lock)
@@ -218,6 +224,7 @@ class Shaper:
         self.error = ""  # the last probe failure, for the report (guarded by _lock)
         self._resume = (PROBE_DUE, "")  # the state and last probed file a claim came from (guarded by _lock)
         self._probed_path = ""  # the file the last claimed probe reads (guarded by _lock)
+        self._claimed_at = 0.0  # clock() when the last probe was claimed (guarded by _lock)
         if needs_probe(facts, override):
             self.probe_state = PROBE_DUE  # guarded by _lock
             pending = f"{facts.mount_type or 'unknown'}: one handle in order until the jump probe of a large file tells"
@@ -263,6 +270,7 @@ class Shaper:
                 return False
             self._resume = (state, self._probed_path)
             self._probed_path = path
+            self._claimed_at = self.clock()
             self.probe_state = PROBE_RUNNING
         return True
 
@@ -278,6 +286,17 @@ class Shaper:
         (the shape in force is the probe's, or it is still only due)."""
         with self._lock:
             return self._settled.wait_for(lambda: self.probe_state != PROBE_RUNNING, timeout)
+
+    def wait_probe(self, limit: float) -> None:
+        """Wait while the jump probe runs, until at most *limit* seconds after it was claimed: the
+        open that started it waits that long at most, and opens after them none (a probe hung on its
+        file holds up opens only in that span)."""
+        with self._lock:
+            if self.probe_state != PROBE_RUNNING:
+                return
+            left = self._claimed_at + limit - self.clock()
+            if left > 0:
+                self._settled.wait_for(lambda: self.probe_state != PROBE_RUNNING, left)
 
     def probed(self, continue_seconds: float, jump_seconds: float) -> Shape:
         """The probe measured: the shape is chosen from the facts with the cheapest continuing read and

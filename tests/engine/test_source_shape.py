@@ -729,6 +729,56 @@ def test_the_first_large_open_on_an_unknown_client_waits_for_the_jump_probe(tmp_
     assert probed == ["/a.npy"] and section["shape"] == SEQUENTIAL
 
 
+def test_a_probe_hung_on_its_file_holds_up_other_opens_only_briefly(tmp_path, monkeypatch) -> None:
+    """The open that started the jump probe, and opens of other files of a probe's size while it runs,
+    wait for its answer until SETTLE_WAIT after it started at most; smaller files do not wait, and
+    after that span no open does: a probe hung on a hung file must not add seconds to every open."""
+    src = tmp_path / "src"
+    src.mkdir()
+    sizes = {"hung.npy": shape.PROBE_MIN_SIZE, "big.npy": shape.PROBE_MIN_SIZE, "mid.npy": 8 * MIB}
+    for name, size in sizes.items():
+        with open(src / name, "wb") as f:
+            np.lib.format.write_array(f, np.zeros(size, dtype=np.uint8))
+    _fake_mount_table(tmp_path, src, "fuse.unknownfs", monkeypatch)
+    release, probing = threading.Event(), threading.Event()
+
+    def probe(path: str, size: int) -> tuple[float, float]:
+        probing.set()
+        release.wait(GATE_TIMEOUT)  # hung until the test ends
+        return 0.0005, 0.0005
+
+    engine = Engine(str(src), _config("auto"))
+    engine.fills.jump_probe = probe
+    took: dict[str, float] = {}
+
+    def timed_open(name: str, key: str) -> None:
+        t0 = time.monotonic()
+        r = engine.open("/" + name)
+        took[key] = time.monotonic() - t0
+        assert r.route == SERVE  # (the shape still waits for the probe: served, as before it)
+        engine.release(r.fh)
+
+    first = threading.Thread(target=timed_open, args=("hung.npy", "first"))
+    try:
+        engine.opener.kernel_route = True
+        first.start()
+        assert probing.wait(GATE_TIMEOUT)
+        started = time.monotonic()
+        timed_open("mid.npy", "mid")
+        timed_open("big.npy", "big")
+        big_done = time.monotonic() - started
+        first.join(GATE_TIMEOUT)
+        timed_open("big.npy", "later")
+    finally:
+        release.set()
+        first.join(GATE_TIMEOUT)
+        engine.close()
+    assert took["mid"] < shape.SETTLE_WAIT / 4, took  # a smaller file: not held up
+    assert big_done <= shape.SETTLE_WAIT + 0.5, (big_done, took)  # held up until the span ends at most
+    assert took["first"] >= shape.SETTLE_WAIT * 0.9, took  # the open that started it waited, bounded
+    assert took["later"] < shape.SETTLE_WAIT / 4, took  # after the span: no wait
+
+
 def test_with_a_disk_tier_large_files_of_a_stream_client_stay_served(tmp_path, monkeypatch) -> None:
     """A disk tier is a request for local copies of what the mount reads: only served reads make them."""
     src = tmp_path / "src"
