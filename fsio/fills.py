@@ -299,13 +299,13 @@ class Fills:
         for job in fill.jobs:
             self.pool.promote(job)
 
-    def probe_shape(self, entry: FileEntry, at_open: bool = False) -> bool:
+    def probe_shape(self, entry: FileEntry, at_open: bool = False) -> None:
         """Start the jump probe on *entry*'s file when the shaper wants one and the file is large enough
         (the format probe calls this at a version's first open, *at_open*; a fill of the source before
-        it; a stream verdict's recheck only at an open). True when this call started it."""
+        it; a stream verdict's recheck only at an open)."""
         probe, shaper = self.jump_probe, self.shaper
         if probe is None or not shaper.claim_probe(entry.size, at_open, entry.path):
-            return False
+            return
         path, size = entry.path, entry.size
 
         def run() -> None:
@@ -320,8 +320,6 @@ class Fills:
 
         if not self.pool.submit_prefetch(run):
             shaper.unclaim_probe()  # the queue is full: the next large file's fill tries again
-            return False
-        return True
 
     def _from_plan_block(self, entry: FileEntry, pos: int, view: memoryview) -> int | None:
         """The sequential shape, a read outside blocks of a file whose format probe started: inside

@@ -298,13 +298,14 @@ class Opener:
         tier = self.disk is not None
         if not stream_route_applies(mode, self.can_pass_through, self.natural, True, entry.size, small, tier):
             return ROUTE_SERVED  # (not even on a stream client)
-        if shaper.provisional and (self.probe.fills.probe_shape(entry, at_open=True) or entry.size >= PROBE_MIN_SIZE):
+        if shaper.provisional and entry.size >= PROBE_MIN_SIZE:
             # the source's shape waits for the jump probe (a client fastfs does not know), started by
-            # this open or running: a stream client's in-order loader would be served on one stream
-            # for its whole read, at half the client's own speed (two 1 GiB files read by two
+            # this open when due, or running: a stream client's in-order loader would be served on one
+            # stream for its whole read, at half the client's own speed (two 1 GiB files read by two
             # processes on the emulated stream client: 0.53-0.66x direct), so the open waits for the
             # answer, until SETTLE_WAIT after the probe started at most (a probe hung on its file
             # holds up the opens of other files only that long, and of smaller files never)
+            self.probe.fills.probe_shape(entry, at_open=True)
             shaper.wait_probe(SETTLE_WAIT)
         if not shaper.stream:
             return ROUTE_SERVED

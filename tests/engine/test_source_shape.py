@@ -79,6 +79,14 @@ class Recorder:
         return self._real(fd, buffers, offset, *args)
 
 
+def _record(monkeypatch, path: Path, **gate) -> Recorder:
+    """Drop *path*'s pages (so the engine reads it with O_DIRECT) and record its source preads."""
+    _drop_page_cache(path)
+    recorder = Recorder(path, **gate)
+    monkeypatch.setattr(os, "preadv", recorder)
+    return recorder
+
+
 def _in_order(reads: list[tuple[int, int]]) -> bool:
     """Each read starts where the one before it ended (strictly increasing, contiguous)."""
     return all(offset == prev + size for (prev, size), (offset, _) in zip(reads, reads[1:], strict=False))
@@ -98,9 +106,7 @@ def test_sequential_shape_reads_each_source_handle_in_order(tmp_path: Path, monk
     (src / "f.bin").write_bytes(data)
     seen = {}
     for kind in (SEQUENTIAL, PARALLEL):
-        _drop_page_cache(src / "f.bin")
-        recorder = Recorder(src / "f.bin")
-        monkeypatch.setattr(os, "preadv", recorder)
+        recorder = _record(monkeypatch, src / "f.bin")
         engine = Engine(str(src), _config(kind))
         try:
             fh = engine.open("/f.bin").fh
@@ -139,10 +145,8 @@ def test_plan_fetched_in_file_order_and_a_waiting_reader_does_not_reorder_the_st
     src.mkdir()
     np.save(src / "a.npy", np.arange(6 * MIB, dtype=np.float32))  # 24 MiB of data after the header
     data = (src / "a.npy").read_bytes()
-    _drop_page_cache(src / "a.npy")
     waiting = threading.Event()
-    recorder = Recorder(src / "a.npy", gate=lambda: waiting.wait(GATE_TIMEOUT), gate_from=4 * MIB)
-    monkeypatch.setattr(os, "preadv", recorder)
+    recorder = _record(monkeypatch, src / "a.npy", gate=lambda: waiting.wait(GATE_TIMEOUT), gate_from=4 * MIB)
     engine = Engine(str(src), _config(SEQUENTIAL))
     real_wait = engine.fills.wait_fill
     reader = threading.current_thread()
@@ -374,9 +378,7 @@ def test_page_faults_out_of_plan_order_are_fetched_once(tmp_path: Path, monkeypa
     src.mkdir()
     data = _safetensors_bytes(os.urandom(40 * MIB))
     (src / "m.safetensors").write_bytes(data)
-    _drop_page_cache(src / "m.safetensors")
-    recorder = Recorder(src / "m.safetensors")
-    monkeypatch.setattr(os, "preadv", recorder)
+    recorder = _record(monkeypatch, src / "m.safetensors")
     engine = Engine(str(src), _config(PARALLEL))
     try:
         fh = engine.open("/m.safetensors").fh
@@ -506,9 +508,7 @@ def test_first_reads_wait_for_block_0_on_the_stream_not_the_files_descriptor(tmp
     src.mkdir()
     data = os.urandom(12 * MIB)
     (src / "m.bin").write_bytes(data)
-    _drop_page_cache(src / "m.bin")
-    recorder = Recorder(src / "m.bin")
-    monkeypatch.setattr(os, "preadv", recorder)
+    recorder = _record(monkeypatch, src / "m.bin")
     engine = Engine(str(src), _config(SEQUENTIAL))
     hold = threading.Event()
     real_probe = engine.probe._probe_format
@@ -554,9 +554,7 @@ def test_a_read_before_the_plan_waits_for_it_and_comes_from_its_block(tmp_path: 
     src.mkdir()
     np.save(src / "a.npy", np.arange(4 * MIB, dtype=np.float32))  # 16 MiB of data
     data = (src / "a.npy").read_bytes()
-    _drop_page_cache(src / "a.npy")
-    recorder = Recorder(src / "a.npy")
-    monkeypatch.setattr(os, "preadv", recorder)
+    recorder = _record(monkeypatch, src / "a.npy")
     engine = Engine(str(src), _config(SEQUENTIAL))
     reader_waits = threading.Event()
     real_plan = engine.probe._plan_format
@@ -597,9 +595,7 @@ def test_a_block_queued_while_the_probe_parses_waits_for_the_plans_order(tmp_pat
     src.mkdir()
     np.save(src / "a.npy", np.arange(5 * MIB, dtype=np.float32))  # 20 MiB of data
     data = (src / "a.npy").read_bytes()
-    _drop_page_cache(src / "a.npy")
-    recorder = Recorder(src / "a.npy")
-    monkeypatch.setattr(os, "preadv", recorder)
+    recorder = _record(monkeypatch, src / "a.npy")
     parsing, queued, plan_waited = threading.Event(), threading.Event(), threading.Event()
     real_plan_for = formats.plan_for
 
