@@ -156,6 +156,11 @@ class FuseConfig:
     pickle, unknown formats; safetensors, which its loader maps, stays served, and so does a file
     opened again, so RAM keeps it for the reloads; with a disk tier all stay served, so it keeps
     copies); other network and FUSE sources stay served with prefetch; on: every source; off: never."""
+    direct_reads: bool = True
+    """The request loop answers random reads of a served file itself, one pread each, without the
+    engine's Python (the native loop only; reads near a stream, of files with a format plan, head
+    windows, a disk tier copy or stuck reads still go through the engine, which decides per handle).
+    Off: every read goes through the engine (a comparison, or a fault in the native path)."""
     request_timeout: float = 60.0
     """Seconds a metadata request (lookup, getattr, open, readdir, xattr) may wait for the source
     before it fails with EIO and its thread is replaced, so a hung source cannot stall the mount

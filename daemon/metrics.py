@@ -139,6 +139,7 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ),
     (fstats.TIMEOUTS, "read_timeouts_total", "Reads that failed: the source did not answer within read_timeout."),
     (fstats.FAST_FAILS, "reads_failed_fast_total", "Reads failed at once because earlier reads of the file hung."),
+    (fstats.DIRECT_READS, "reads_direct_total", "Random reads the request loop answered by one pread itself."),
     # the disk cache tier (cache.disk_dir): present only on mounts that have one
     (DISK_HITS, "disk_hits_total", "Block fills and scan fetches served from the disk tier."),
     (DISK_HIT_BYTES, "disk_hit_bytes_total", "Bytes read from the disk tier instead of the source."),

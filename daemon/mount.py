@@ -294,10 +294,12 @@ class Daemon:
                 request_timeout=fc.request_timeout,
                 read_timeout=self.config.readahead.read_timeout,
                 on_abandon=self.ops.abandoned,
+                direct=self.ops.direct_table(),
             )
             assert self.engine is not None  # (_start_engine ran first)
             self.engine.inline_reads = True  # the watchdog bounds a read that hangs on its own thread
             self.ops.session = self.session
+            self.ops.attach_direct(self.session.direct)
             try:
                 self.readiness.stage("waiting for the kernel to start the mount (INIT)")
                 self.session.start(on_init=self._on_init)

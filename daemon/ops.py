@@ -99,7 +99,7 @@ from fastfs.daemon.kernel.requests import (
     ReadIn,
     ReleaseIn,
 )
-from fastfs.daemon.kernel.session import NO_REPLY, Handler, Request, Session
+from fastfs.daemon.kernel.session import NO_REPLY, Handler, Request, Session, native_loop
 from fastfs.daemon.listings import Listings
 from fastfs.daemon.negatives import Negatives
 from fastfs.daemon.nodes import ROOT_ID, Node, NodeTable, join, version_of
@@ -109,7 +109,7 @@ from fastfs.fsio.api import EngineAPI
 from fastfs.fsio.changes import DirChange, Growth
 from fastfs.fsio.opening import OpenResult
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED
-from fastfs.fsio.readpath import ReplyParts
+from fastfs.fsio.readpath import DirectTally, ReplyParts, direct_limits
 from fastfs.fsio.source import FileKey
 
 __all__ = ["CONTROL_ID", "NOFH_STATS_SIZE", "STATS_ID", "VIRTUAL_FH_BASE", "KernelOps"]
@@ -152,6 +152,9 @@ class KernelOps:
         self.mount_info = dict(mount_info or {})
         self.no_open = bool(fc.no_open if no_open is None else no_open)
         self.session: Session | None = None
+        # the native loop's table of handles whose reads it answers itself (set with the session by
+        # attach_direct; None: every read comes here)
+        self.direct: Any = None
         self.nodes = NodeTable(engine.lstat("/"), check_invariants=engine.config.cache.check_invariants)
         own = self._ownership = ownership.Ownership.from_config(fc)  # also how ACL xattrs are shown
         translate = None if own is None else functools.partial(ownership.translate, own=own)
@@ -419,16 +422,33 @@ class KernelOps:
         if fh == 0:
             node = self._node(nodeid)
             self.engine.read_into(0, offset, dest, node.path, cast(FileKey, node.version), parts)  # (a file)
-        else:
+            return parts.views
+        direct = self.direct
+        if direct is None:
             self.engine.read_into(fh, offset, dest, None, None, parts)  # (positional: no keyword parsing)
-        return parts.views  # RAM blocks and source bytes in file order, sent by one writev
+            return parts.views  # RAM blocks and source bytes in file order, sent by one writev
+        # the loop sent this read here: what it served of the handle is counted (and seen by the
+        # policy) first; then the engine says whether it may answer the handle's next reads itself
+        tally = direct.take(fh)
+        if tally is not None:
+            self.engine.direct_served(fh, DirectTally(*tally))
+        self.engine.read_into(fh, offset, dest, None, None, parts)
+        offer = self.engine.direct_offer(fh)
+        if offer is not None:
+            direct.add(fh, offer.fd, offer.size, offer.windows)
+        return parts.views
 
     def abandoned(self, opcode: int, body: memoryview) -> None:
         """The session's watchdog answered a request its handler is still serving (a hung source)."""
         if opcode == Op.READ and len(body) >= abi.READ_IN.size:
             fh = rq.read_in(body).fh
             if 0 < fh < VIRTUAL_FH_BASE:
-                self.engine.abandoned_read(fh)
+                self.engine.abandoned_read(fh)  # (a read of the engine's own)
+                if self.direct is not None:  # the loop's reads of the handle: its next ones go to the engine
+                    stuck, tally = self.direct.abandon(fh)
+                    if tally is not None:
+                        self.engine.direct_served(fh, DirectTally(*tally))
+                    self.engine.direct_stuck(fh, stuck)
 
     def release(self, request: Request, r: ReleaseIn) -> None:
         fh = r.fh
@@ -437,12 +457,33 @@ class KernelOps:
             return None
         node = self._handles.pop(fh, None)
         if fh:
+            self._direct_end(fh)
             self.engine.release(fh)
         if node is not None:
             backing = self.nodes.released(node)
             if backing and self.session is not None:
                 self.session.backing_close(backing)
         return None
+
+    def direct_table(self) -> Any:
+        """A new table of the native loop's direct reads (``_loop.Direct``), for the session; None when
+        the loop was not built or ``fuse.direct_reads`` is off."""
+        if native_loop is None or not self.engine.config.fuse.direct_reads:
+            return None
+        return native_loop.Direct(*direct_limits(), on_unstuck=self.engine.direct_unstuck)
+
+    def attach_direct(self, direct: Any) -> None:
+        """The session's loop answers reads of the handles put in *direct* (None: none)."""
+        self.direct = direct
+        if direct is not None:
+            self.engine.direct_tallies = lambda: [(fh, DirectTally(*t)) for fh, t in direct.drain()]
+
+    def _direct_end(self, fh: int) -> None:
+        """The loop answers no read of *fh* any more; what it served is counted."""
+        if self.direct is not None:
+            tally = self.direct.remove(fh)
+            if tally is not None:
+                self.engine.direct_served(fh, DirectTally(*tally))
 
     def flush(self, request: Request, _body: memoryview) -> None:
         """Nothing to flush on a read-only mirror: ENOSYS makes the kernel stop sending FLUSH on
@@ -629,6 +670,8 @@ class KernelOps:
             kernel["max_read"] = negotiated.max_read
         kernel["nodes"] = len(self.nodes)
         kernel["lookups_in_flight_max"] = self.lookups_max
+        # handles whose random reads the loop answers itself now (None: it answers none, see fuse.direct_reads)
+        kernel["direct_handles"] = None if self.direct is None else len(self.direct)
         return {"kernel": kernel}
 
     def _invalidate_stats(self) -> None:

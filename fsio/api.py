@@ -18,10 +18,12 @@ import threading
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fastfs.config.schema import Config
     from fastfs.fsio.changes import ChangeListener
     from fastfs.fsio.opening import OpenResult
-    from fastfs.fsio.readpath import ReplyParts
+    from fastfs.fsio.readpath import DirectOffer, DirectTally, ReplyParts
     from fastfs.fsio.source import FileKey
 
 
@@ -36,6 +38,8 @@ class EngineAPI(Protocol):
     (passthrough). The daemon never clears it: a refused backing file is reported with :meth:`refused`."""
     inline_reads: bool
     """Set by the daemon: a watchdog bounds every request, so small exact reads may run on the caller's thread."""
+    direct_tallies: Callable[[], list[tuple[int, DirectTally]]] | None
+    """Set by the daemon when its request loop answers reads itself: what it served, taken before a snapshot."""
 
     # -- metadata ---------------------------------------------------------------------------------
     def lstat(self, path: str) -> os.stat_result: ...
@@ -90,6 +94,14 @@ class EngineAPI(Protocol):
     ) -> int: ...
 
     def release_parts(self, parts: ReplyParts) -> None: ...
+
+    def direct_offer(self, fh: int) -> DirectOffer | None: ...
+
+    def direct_served(self, fh: int, tally: DirectTally) -> None: ...
+
+    def direct_stuck(self, fh: int, count: int) -> None: ...
+
+    def direct_unstuck(self, fh: int) -> None: ...
 
     def ram_head(self, fh: int) -> int: ...
 

@@ -56,7 +56,8 @@ blocks at once.
 
 Concurrency: the engine itself keeps only ``config`` (replaced whole by :meth:`reconfigure`, read
 without a lock) and the learning thread's stop event; the daemon's two switches
-(``passthrough_available``, ``inline_reads``: set once at mount) are the opener's and the fills'.
+(``passthrough_available``, ``inline_reads``: set once at mount) are the opener's and the fills';
+``direct_tallies`` is set once at mount too.
 Every part documents its own locks; no lock is held across I/O or while waiting for a block.
 """
 
@@ -89,7 +90,7 @@ from fastfs.fsio.opening import DISK_PASSTHROUGH_MIN, Opener, OpenResult
 from fastfs.fsio.policy import listing_attributes
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.probe import FormatProbe
-from fastfs.fsio.readpath import ReadPath, ReplyParts
+from fastfs.fsio.readpath import DirectOffer, DirectTally, ReadPath, ReplyParts
 from fastfs.fsio.refresh import MIN_FILE_PERIOD, Refresher
 from fastfs.fsio.scanner import Scanner
 from fastfs.fsio.shape import Shaper, SourceFacts
@@ -186,6 +187,9 @@ class Engine:
             self.config.fuse, self.trace, self.learn, self.clock, self.dirs,
         )  # fmt: skip
         self.reads = ReadPath(self.cache, self.stats, self.fills, self.probe, self.block_size, ra, self.trace)
+        # the kernel layer's tallies of the reads it served itself, taken before a snapshot (set once at
+        # mount when its request loop serves direct reads: readpath's module docstring)
+        self.direct_tallies: Callable[[], list[tuple[int, DirectTally]]] | None = None
         self.opener = Opener(
             self.config, self.source, self.cache, self.disk, self.handles, self.scanner, self.probe, self.stats,
             self.trace, self._last_handle,
@@ -376,6 +380,27 @@ class Engine:
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         return self.reads.read_into(entry, offset, dest, parts)
 
+    def direct_offer(self, fh: int) -> DirectOffer | None:
+        """May the kernel layer answer reads of open *fh* itself now (see :mod:`fastfs.fsio.readpath`)?"""
+        entry = self.handles.get(fh) if fh else None
+        return None if entry is None else self.reads.direct_offer(entry)
+
+    def direct_served(self, fh: int, tally: DirectTally) -> None:
+        """The kernel layer hands back the reads of open *fh* it served (counted, fed to the policy)."""
+        entry = self.handles.get(fh) if fh else None
+        if entry is not None:
+            self.reads.direct_served(entry, tally)
+
+    def direct_stuck(self, fh: int, count: int) -> None:
+        """*count* direct reads of open *fh* run on after the kernel layer answered one of its reads
+        (its watchdog): stuck reads of the file until each returns (:meth:`direct_unstuck`)."""
+        if count > 0:
+            self.reads.direct_stuck(self.handles.get(fh) if fh else None, fh, count)
+
+    def direct_unstuck(self, fh: int) -> None:
+        """A direct read of *fh* counted stuck returned (*fh* may be released by now)."""
+        self.reads.direct_unstuck(fh)
+
     def release_parts(self, parts: ReplyParts) -> None:
         """The reply built from *parts* was sent: release its views and unpin its blocks."""
         self.reads.release_parts(parts)
@@ -548,6 +573,9 @@ class Engine:
             disk_counters, disk_gauges = self.disk.stats()
             gauges.update(disk_gauges)
         self.stats.gauges = gauges
+        if self.direct_tallies is not None:  # reads the kernel layer served since (counted first)
+            for fh, tally in self.direct_tallies():
+                self.direct_served(fh, tally)
         snap = self.stats.snapshot(top)
         snap["counters"].update(disk_counters)
         snap["source"] = self.shaper.report()

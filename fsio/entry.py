@@ -135,15 +135,17 @@ class ReadState:
     policy its reads feed and the bytes not yet added to the shared top-files table.
 
     Concurrency: ``policy``, ``delivered`` and ``direct`` are guarded by the entry's lock (the engine's
-    reconfigure and snapshot take it too); ``mmap_seen`` is a bool set once without it."""
+    reconfigure and snapshot take it too); ``mmap_seen`` is a bool set once without it; ``exact`` a
+    bool each read sets without it (a hint: the last writer wins)."""
 
-    __slots__ = ("policy", "delivered", "direct", "mmap_seen")
+    __slots__ = ("policy", "delivered", "direct", "mmap_seen", "exact")
 
     def __init__(self, policy: StreamPolicy) -> None:
         self.policy = policy
         self.delivered = 0  # bytes delivered, not yet added to the top-files table
         self.direct = 0  # bytes read from the source for them outside blocks, likewise
         self.mmap_seen = False  # out-of-order reads inside the format plan were counted
+        self.exact = False  # the last read was served whole from the source (a hint: readpath.direct_offer)
 
 
 class FileEntry:

@@ -460,7 +460,15 @@ class Fills:
             stuck.inline_stuck += 1
         self.stats.add(m.TIMEOUTS)
 
-    def _inline_done(self, entry: FileEntry) -> None:
+    def abandoned_elsewhere(self, entry: FileEntry) -> None:
+        """A source read of *entry* made outside the engine (the kernel layer's direct reads) is still
+        out after its request was answered: a stuck inline read of the file until :meth:`inline_done`."""
+        with entry.lock:
+            entry.stuck_reads.inline += 1
+        self.abandoned_read(entry)
+
+    def inline_done(self, entry: FileEntry) -> None:
+        """An inline source read of *entry* returned (a stuck one: the file may be unstuck now)."""
         stuck = entry.stuck_reads
         with entry.lock:
             stuck.inline -= 1
@@ -527,7 +535,7 @@ class Fills:
                 n = self.timed_pread(src, pos, view, entry.path)
             finally:
                 source.put(src)
-                self._inline_done(entry)
+                self.inline_done(entry)
             self.stats.add(m.BYTES_FETCHED_DEMAND, n)
             return n
         size = round_up(length) if aligned else length

@@ -50,6 +50,8 @@ ZERO_BET_MIN = 64 * 1024
 REORDER_REQUESTS = 16
 # Cap on the tolerance so a slack computed from huge requests does not swallow real seeks.
 MAX_SLACK = 16 * 1024 * 1024
+# The request size a slack counts at least (a page: the kernel's reads are whole pages).
+SLACK_MIN_REQUEST = 4096
 # Streams tracked per file version (several processes or regions read one file at once).
 MAX_STREAMS = 8
 # Bytes a run of reads inside a format plan must cover before the plan releases anything ahead
@@ -95,6 +97,11 @@ class Stream:
     prefetched_to: int = 0
     last_use: int = 0
     from_zero: bool = False  # began with a small read at offset 0: SEQ_MIN_HITS reads prove it, whatever their bytes
+
+
+def stream_slack(request_size: int) -> int:
+    """How far from a stream's next offset a read still joins it (:meth:`StreamPolicy._match` inlines it)."""
+    return min(MAX_SLACK, REORDER_REQUESTS * max(request_size, SLACK_MIN_REQUEST))
 
 
 class ReadPlan(NamedTuple):
@@ -184,6 +191,18 @@ class StreamPolicy:
         for s in self.streams:
             s.window = min(s.window, max_window)
 
+    def direct_windows(self) -> tuple[tuple[int, int], ...] | None:
+        """Where a read would join one of the streams ((low, high) offsets, inclusive), for a reader of
+        the reads that join none (the kernel layer's direct reads, see :mod:`fastfs.fsio.readpath`);
+        None while a stream is sequential (its reads prefetch: every read must come here)."""
+        windows = []
+        for s in self.streams:
+            if s.sequential:
+                return None
+            slack = stream_slack(s.request_size)
+            windows.append((max(0, s.next_offset - slack), s.next_offset + slack))
+        return tuple(windows)
+
     def _match(self, offset: int) -> Stream | None:
         """The tracked stream nearest *offset* whose slack (REORDER_REQUESTS requests of its size, at
         least a page each, at most MAX_SLACK) holds it. (Every read scans up to MAX_STREAMS streams:
@@ -192,7 +211,7 @@ class StreamPolicy:
         best_d = 0
         for s in self.streams:
             rs = s.request_size
-            slack = REORDER_REQUESTS * (rs if rs > 4096 else 4096)
+            slack = REORDER_REQUESTS * (rs if rs > SLACK_MIN_REQUEST else SLACK_MIN_REQUEST)
             if slack > MAX_SLACK:
                 slack = MAX_SLACK
             d = offset - s.next_offset

@@ -24,6 +24,21 @@
    (:meth:`fastfs.fsio.fills.Fills.read_exact`: random reads are never amplified);
 7. **count** the request and the file's bytes (batched per file, :data:`FILE_STATS_BATCH`).
 
+Direct reads. A read of this path that joins no stream and is served exactly from the source
+(step 6) is all the path does for a random reader: the policy is fed, the source read, the read
+counted. :meth:`ReadPath.direct_offer` says when the kernel layer may do that itself for a handle
+(its request loop preads into its own buffer, ``daemon/kernel/_loop.c``): the version's last read
+was served whole from the source, it has no head window, no format plan or probe under way, no
+disk tier key, no stuck read, no sequential stream, and exact reads run on the reader's own thread
+anyway (no read timeout, or the kernel layer's watchdog bounds them). The offer carries the
+windows where a read would join one of the file's streams (:meth:`StreamPolicy.direct_windows`):
+the kernel layer sends such reads, and any it cannot serve, back here, first handing over what it
+served (:meth:`ReadPath.direct_served`: counted as this path counts them, and its last reads fed
+to the policy in order, so the policy decides as if it had seen every read). A direct read the kernel
+layer's watchdog answered while its pread ran on counts as a stuck read of the file until the pread
+returns (:meth:`ReadPath.direct_stuck`, :meth:`ReadPath.direct_unstuck`), as an exact read of this
+path does (:meth:`fastfs.fsio.fills.Fills.abandoned_read`).
+
 Block fills, exact reads, timeouts and the retry-wait rule live in :mod:`fastfs.fsio.fills`.
 
 State: what the read path keeps about a version is the entry's :class:`~fastfs.fsio.entry.ReadState`
@@ -38,14 +53,15 @@ byte counters. Blocks are pinned while read from and unpinned on every path out.
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 from fastfs.config.schema import ReadaheadConfig
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import FAILED, READY, Block, BlockCache
 from fastfs.fsio.entry import FileEntry
-from fastfs.fsio.fills import Fills
-from fastfs.fsio.policy import ReadPlan
+from fastfs.fsio.fills import EXACT_ALIGNED_MIN, Fills
+from fastfs.fsio.policy import MAX_SLACK, REORDER_REQUESTS, SLACK_MIN_REQUEST, ReadPlan
 from fastfs.fsio.probe import FormatProbe
 from fastfs.fsio.trace import DecisionLog
 
@@ -57,6 +73,16 @@ FILE_STATS_BATCH = 4 * 1024 * 1024
 # exactly, were fetched again by the plan's fills of their blocks (1.13x the file over sshfs, 1.15x
 # on the emulator). Smaller reads stay exact: a look at one small tensor must not cost a block.
 PLANNED_BLOCK_READ_MIN = 256 * 1024
+# Reads the kernel layer may answer itself are smaller than this: larger page-aligned ones are split
+# over parallel source streams by the fills (fills.EXACT_ALIGNED_MIN), which one pread would undo.
+DIRECT_READ_MAX = EXACT_ALIGNED_MIN
+
+
+def direct_limits() -> tuple[int, int, int, int, tuple[float, ...]]:
+    """What the kernel layer's direct reads must know of this path: (the read size they stay below,
+    then the stream policy's slack: requests of reorder, at least a page each, at most a cap; the
+    stats' latency bounds)."""
+    return DIRECT_READ_MAX, REORDER_REQUESTS, SLACK_MIN_REQUEST, MAX_SLACK, m.LATENCY_BUCKETS
 
 
 class ReplyParts:
@@ -77,6 +103,25 @@ class Decision(NamedTuple):
     planned: bool  # the read lies inside a format plan's ranges (the plan decides what is fetched)
     blocks: bool  # whole blocks at demand priority (a tight sequential stream, a large planned read)
     ranges: list[tuple[int, int]]  # byte ranges to fetch ahead
+
+
+class DirectOffer(NamedTuple):
+    """Reads of a handle the kernel layer may answer itself (see the module docstring)."""
+
+    fd: int  # the version's source descriptor (the kernel layer keeps a duplicate)
+    size: int  # the version's size: reads reaching past it come here
+    windows: tuple[tuple[int, int], ...]  # (low, high) offsets where a read would join a stream
+
+
+class DirectTally(NamedTuple):
+    """What the kernel layer served of a handle since it last handed its reads over."""
+
+    reads: int
+    nbytes: int
+    seconds: float  # the preads' time, summed
+    latency: tuple[int, ...]  # reads by stats.LATENCY_BUCKETS (one more: beyond the last)
+    sizes: dict[int, int]  # reads by (size - 1).bit_length()
+    ring: tuple[tuple[int, int], ...]  # its last reads, (offset, length), oldest first (for the policy)
 
 
 class Served(NamedTuple):
@@ -107,6 +152,12 @@ class ReadPath:
         self.block_size = block_size
         self.readahead = readahead  # replaced whole by reconfigure
         self.trace = trace
+        # handles whose direct reads were answered by the kernel layer's watchdog while their pread ran
+        # on: fh -> (its entry, such reads still out); and fh -> such reads that returned before they
+        # were counted (the kernel layer tells both from two threads); both guarded by _stuck_lock
+        self._stuck_direct: dict[int, tuple[FileEntry, int]] = {}
+        self._returned_early: dict[int, int] = {}
+        self._stuck_lock = threading.Lock()
 
     def reconfigure(self, readahead: ReadaheadConfig) -> None:
         self.readahead = readahead
@@ -131,7 +182,70 @@ class ReadPath:
                         self.cache.unpin(block)
         self.stats.request(served.n, served.cached)
         self.account_file(entry, served.n, served.direct)
+        entry.reads.exact = served.direct == served.n
         return served.n
+
+    # -- direct reads (see the module docstring) --------------------------------------------------
+    def direct_offer(self, entry: FileEntry) -> DirectOffer | None:
+        """The handover of *entry*'s random reads to the kernel layer, or None when this path must see them."""
+        state = entry.format
+        if not entry.reads.exact or state.heads or state.planning or state.plan is not None or entry.dkey:
+            return None
+        fills = self.fills
+        if (fills.shaper.sequential and state.probed) or (self.readahead.read_timeout and not fills.inline_reads):
+            return None
+        file = entry.source.file  # (the handles hold it: it stays open while the handle is)
+        if file is None or file.fd < 0:
+            return None
+        with entry.lock:
+            if entry.stuck_reads.count:
+                return None
+            windows = entry.reads.policy.direct_windows() if self.readahead.enabled else ()
+        return None if windows is None else DirectOffer(file.fd, entry.size, windows)
+
+    def direct_stuck(self, entry: FileEntry | None, fh: int, count: int) -> None:
+        """*count* direct reads of handle *fh* still ran at the source when the kernel layer's watchdog
+        answered one of the handle's reads: stuck reads of the file (*entry*; None: released, nothing to
+        count) until each returns (:meth:`direct_unstuck`; one that returned already is not counted)."""
+        with self._stuck_lock:
+            early = self._returned_early.pop(fh, 0)
+            if early > count:
+                self._returned_early[fh] = early - count
+            count -= min(early, count)
+            if count <= 0 or entry is None:
+                return
+            held = self._stuck_direct.get(fh)
+            self._stuck_direct[fh] = (entry, count + (held[1] if held else 0))
+        for _ in range(count):
+            self.fills.abandoned_elsewhere(entry)
+
+    def direct_unstuck(self, fh: int) -> None:
+        """One of handle *fh*'s stuck direct reads returned (perhaps before :meth:`direct_stuck` counted it)."""
+        with self._stuck_lock:
+            held = self._stuck_direct.get(fh)
+            if held is None:
+                self._returned_early[fh] = self._returned_early.get(fh, 0) + 1
+                return
+            entry, count = held
+            if count > 1:
+                self._stuck_direct[fh] = (entry, count - 1)
+            else:
+                del self._stuck_direct[fh]
+        self.fills.inline_done(entry)
+
+    def direct_served(self, entry: FileEntry, tally: DirectTally) -> None:
+        """Count the reads the kernel layer served of *entry* and feed its last ones to the policy."""
+        if tally.reads:
+            self.stats.direct(tally.reads, tally.nbytes, tally.seconds, tally.latency, tally.sizes)
+            self.account_file(entry, tally.nbytes, tally.nbytes)
+        # each read served there joined no stream (the windows and the reads before it say so): a new
+        # random stream each, as this path counts them
+        self.stats.add(m.RANDOM_STREAMS, tally.reads)
+        if tally.ring and self.readahead.enabled:
+            with entry.lock:
+                policy = entry.reads.policy
+                for offset, length in tally.ring:
+                    policy.on_read(offset, length)
 
     # -- step 2: head windows ---------------------------------------------------------------------
     def _from_head(

@@ -21,6 +21,7 @@ import heapq
 import json
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # Byte counters.
@@ -76,6 +77,7 @@ OPENS_FROM_META = "opens_from_metadata"  # metadata younger than fuse.revalidate
 OPENS_REVALIDATED = "opens_revalidated"  # older: one stat of the file showed the version unchanged
 OPENS_DIR_VERIFIED = "opens_dir_verified"  # older: its directory verified unchanged (fuse.trust_unchanged_dirs)
 FAST_FAILS = "reads_failed_fast"  # reads answered EIO at once: earlier reads of the file were stuck
+DIRECT_READS = "reads_direct"  # reads the kernel layer answered by pread itself (readpath.direct_offer)
 
 COUNTERS = (
     BYTES_REQUESTED,
@@ -126,6 +128,7 @@ COUNTERS = (
     OPENS_REVALIDATED,
     OPENS_DIR_VERIFIED,
     FAST_FAILS,
+    DIRECT_READS,
 )
 
 # Upper bounds (bytes) of the request-size histogram: 4K pages, 128K default read-ahead, 1M FUSE max.
@@ -206,6 +209,24 @@ class Stats:
         shard[_I_PREADS] += 1
         shard[_I_LAT_SUM] += seconds
         shard[_INDEX[_LAT_KEYS[bisect.bisect_left(LATENCY_BUCKETS, seconds)]]] += 1
+
+    def direct(self, reads: int, nbytes: int, seconds: float, latency: Sequence[int], sizes: Mapping[int, int]) -> None:
+        """Reads the kernel layer answered itself, each one request and one pread (see
+        :meth:`fastfs.fsio.readpath.ReadPath.direct_served`): *latency* counts them by
+        :data:`LATENCY_BUCKETS` (one more for beyond the last), *sizes* by ``(size - 1).bit_length()``."""
+        if not self.enabled:
+            return
+        shard = self._shard()
+        shard[_I_REQUESTS] += reads
+        shard[_I_REQUESTED] += nbytes
+        shard[_I_PREADS] += reads
+        shard[_I_LAT_SUM] += seconds
+        shard[_INDEX[DIRECT_READS]] += reads
+        shard[_INDEX[BYTES_FETCHED_DEMAND]] += nbytes
+        for key, n in zip(_LAT_KEYS, latency, strict=True):
+            shard[_INDEX[key]] += n
+        for bits, n in sizes.items():
+            shard[_SIZE_SLOT_BY_BITS[bits] if bits < len(_SIZE_SLOT_BY_BITS) else _SIZE_SLOT_LARGE] += n
 
     def error(self, errno_name: str) -> None:
         """A source error, counted by errno name (EIO, ETIMEDOUT, ...)."""

@@ -108,7 +108,8 @@ def format_summary(snap: dict[str, Any]) -> str:
         f"  served from cache  {human_bytes(c.get('bytes_served_from_cache', 0))} (hit ratio {pct(hit)})",
         *_route_lines(c, g),
         f"  fetched            {human_bytes(fetched(c))}: demand {human_bytes(c.get('bytes_fetched_demand', 0))},"
-        f" prefetch {human_bytes(prefetched)}",
+        f" prefetch {human_bytes(prefetched)}; {c.get('reads_direct', 0)} random reads answered by the"
+        " request loop itself",
         f"  warm               {human_bytes(c.get('bytes_fetched_warm', 0))} fetched by fastfs warm,"
         f" {human_bytes(c.get('bytes_evicted_on_request', 0))} evicted on request (neither counts in"
         " amplification, accuracy or wasted)",

@@ -18,17 +18,37 @@
  * connection is gone (returns its errno, or -1 when it read 0 bytes), or when a BaseException that
  * is no Exception escapes a handler (raised again, as the Python loop lets it).
  *
- * No policy lives here: no opcode is answered without its Python handler.
+ * No policy lives here: no opcode is answered without its Python handler, with one exception the
+ * engine grants per handle, the direct reads below.
+ *
+ * Direct reads (Direct). A READ of a handle the engine has handed over (Direct.add: its own
+ * descriptor, the version's size, the windows where a read would join one of the file's streams) is
+ * answered here by pread into a buffer of the loop's, without calling the handler: the engine
+ * decided (fastfs.fsio.readpath, direct_offer) that reads of this handle go exactly to the source
+ * anyway and no stream of the file prefetches. The handler's work per such read is what the engine
+ * would only count, so the loop counts it (a tally per handle: reads, bytes, pread latencies by the
+ * engine's buckets, request sizes) and keeps the last DIRECT_RING reads it served, for the engine to
+ * take later and feed to its policy as if it had seen them (Direct.take, before the handler serves
+ * the next read of the handle). Any read the loop does not serve (one inside a window or next to
+ * a read it served, where a stream may be starting; one too large; one that reaches past the version's
+ * size as handed over, so the engine answers at the end of a file that may have grown; a pread error) makes the handle inactive: the handler serves it and every later one until the engine
+ * hands the handle over again. The request is published in worker.current as any other, so the
+ * watchdog bounds a pread that hangs; the adapter then takes the handle back (Direct.abandon), and
+ * the engine counts the reads of it running here as stuck reads of the file (its later reads fail
+ * fast) until each returns (on_unstuck(fh), called by the worker whose pread returned).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/uio.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -202,6 +222,557 @@ static PyTypeObject ReadersType = {
     .tp_methods = Readers_methods,
 };
 
+
+/* -- direct reads (see the comment at the top) ----------------------------------------------------
+ *
+ * Entries live in a chained hash table under `lock`, which is never held across a pread, a dup or
+ * a close. An entry removed while a worker preads with it (in_use) is unlinked and marked dead;
+ * that worker closes its descriptor and frees it. */
+
+/* Reads kept per handle for the engine's policy: as many as a file's streams (policy.MAX_STREAMS),
+ * so replaying them rebuilds the streams a policy seeing every read would hold. */
+#define DIRECT_RING 8
+/* Windows per handle: one per stream of the file (policy.MAX_STREAMS). */
+#define DIRECT_WINDOWS 8
+/* Latency bounds at most (the engine's stats.LATENCY_BUCKETS has 14). */
+#define DIRECT_BOUNDS 32
+/* Request sizes are tallied by (size - 1).bit_length(), as the engine's stats slot them. */
+#define SIZE_BITS 33
+#define DIRECT_BUCKETS 1024
+/* struct fuse_read_in: fh, offset, size (then read_flags, lock_owner, flags, padding) */
+#define READ_IN_SIZE 40
+#define OP_READ 15
+
+struct direct_entry {
+    struct direct_entry *next;
+    uint64_t fh;
+    int fd;                 /* a dup of the engine's descriptor, this entry's own */
+    int active;             /* reads may be served here (lock) */
+    int in_use;             /* preads running with fd (lock) */
+    int dead;               /* removed while in use: the last user closes and frees (lock) */
+    int stuck;              /* of in_use, reads the engine counts as stuck (Direct.abandon), (lock) */
+    uint64_t size;          /* the version's size when handed over: reads reaching past it go to the handler */
+    int nwindows;
+    uint64_t lo[DIRECT_WINDOWS], hi[DIRECT_WINDOWS];
+    /* served since the last take (lock) */
+    uint64_t reads, bytes, lat_ns;
+    uint64_t lat_counts[DIRECT_BOUNDS + 1];
+    uint64_t size_counts[SIZE_BITS];
+    int ring_n, ring_next;
+    uint64_t ring_off[DIRECT_RING];
+    uint32_t ring_len[DIRECT_RING];
+};
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t lock;
+    uint32_t max_read;      /* reads of this size or more go to the handler (immutable) */
+    uint64_t reorder, page, max_slack; /* the policy's slack: min(max_slack, reorder * max(size, page)) */
+    int nbounds;
+    uint64_t bounds_ns[DIRECT_BOUNDS];
+    PyObject *on_unstuck;   /* on_unstuck(fh): a read counted stuck returned (immutable; may be None) */
+    long entries;           /* (lock) */
+    struct direct_entry *buckets[DIRECT_BUCKETS];
+} Direct;
+
+static struct direct_entry **direct_slot(Direct *d, uint64_t fh)
+{
+    struct direct_entry **p = &d->buckets[fh % DIRECT_BUCKETS];
+    while (*p != NULL && (*p)->fh != fh)
+        p = &(*p)->next;
+    return p;
+}
+
+static uint64_t direct_slack(Direct *d, uint64_t size)
+{
+    uint64_t s = d->reorder * (size > d->page ? size : d->page);
+    return s > d->max_slack ? d->max_slack : s;
+}
+
+/* Would a read at *off* join a stream: inside a window the engine gave, or next to a read served here
+ * since (the policy's own test, StreamPolicy._match)? */
+static int direct_near(Direct *d, struct direct_entry *e, uint64_t off)
+{
+    for (int i = 0; i < e->nwindows; i++)
+        if (off >= e->lo[i] && off <= e->hi[i])
+            return 1;
+    for (int i = 0; i < e->ring_n; i++) {
+        uint64_t end = e->ring_off[i] + e->ring_len[i];
+        uint64_t dist = off > end ? off - end : end - off;
+        if (dist <= direct_slack(d, e->ring_len[i]))
+            return 1;
+    }
+    return 0;
+}
+
+static void direct_free(struct direct_entry *e)
+{
+    if (e->fd >= 0)
+        close(e->fd);
+    free(e);
+}
+
+/* Serve one READ without the GIL: the bytes read into *buf* (*n*), 1; or 0 when the handler must
+ * serve it (the handle is inactive from then on, if it is handed over at all). *unstuck* is set when
+ * the read was one the engine counted stuck: the caller tells on_unstuck (with the GIL). */
+static int direct_read(Direct *d, uint64_t fh, uint64_t off, uint32_t size, char *buf, size_t *n, int *unstuck)
+{
+    *unstuck = 0;
+    pthread_mutex_lock(&d->lock);
+    struct direct_entry *e = *direct_slot(d, fh);
+    if (e == NULL || !e->active) {
+        pthread_mutex_unlock(&d->lock);
+        return 0;
+    }
+    if (size >= d->max_read || size == 0 || off + size > e->size || direct_near(d, e, off)) {
+        e->active = 0;
+        pthread_mutex_unlock(&d->lock);
+        return 0;
+    }
+    e->in_use++;
+    int fd = e->fd;
+    size_t want = size;
+    pthread_mutex_unlock(&d->lock);
+
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    size_t total = 0;
+    int failed = 0;
+    while (total < want) {
+        ssize_t r = pread(fd, buf + total, want - total, (off_t)(off + total));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            failed = 1;
+            break;
+        }
+        if (r == 0)
+            break; /* the end of the file moved (as the handler's loop: a short answer) */
+        total += (size_t)r;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u + (uint64_t)t1.tv_nsec - (uint64_t)t0.tv_nsec;
+
+    pthread_mutex_lock(&d->lock);
+    e->in_use--;
+    if (e->stuck > 0) {
+        e->stuck--;
+        *unstuck = 1;
+    }
+    int gone = e->dead && e->in_use == 0;
+    if (failed) {
+        e->active = 0; /* the handler reads it again and reports the error */
+    } else if (!e->dead) {
+        e->reads++;
+        e->bytes += total;
+        e->lat_ns += ns;
+        int b = 0;
+        while (b < d->nbounds && d->bounds_ns[b] < ns)
+            b++;
+        e->lat_counts[b]++;
+        int bits = 0;
+        for (uint64_t v = total > 0 ? total - 1 : 0; v; v >>= 1)
+            bits++;
+        e->size_counts[bits < SIZE_BITS ? bits : SIZE_BITS - 1]++;
+        e->ring_off[e->ring_next] = off;
+        e->ring_len[e->ring_next] = (uint32_t)want;
+        e->ring_next = (e->ring_next + 1) % DIRECT_RING;
+        if (e->ring_n < DIRECT_RING)
+            e->ring_n++;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (gone)
+        direct_free(e);
+    *n = total;
+    return !failed;
+}
+
+static PyObject *Direct_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    unsigned int max_read;
+    unsigned long long reorder, page, max_slack;
+    PyObject *bounds;
+    PyObject *on_unstuck = Py_None;
+    static char *kwlist[] = {"max_read", "reorder", "page", "max_slack", "latency_bounds", "on_unstuck", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "IKKKO|O", kwlist, &max_read, &reorder, &page, &max_slack, &bounds,
+                                     &on_unstuck))
+        return NULL;
+    PyObject *seq = PySequence_Fast(bounds, "latency_bounds must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t nb = PySequence_Fast_GET_SIZE(seq);
+    if (nb > DIRECT_BOUNDS) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "too many latency bounds");
+        return NULL;
+    }
+    Direct *self = (Direct *)type->tp_alloc(type, 0); /* (zeroed: no entries) */
+    if (self == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        double s = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+        if (s == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            Py_DECREF(self);
+            return NULL;
+        }
+        self->bounds_ns[i] = (uint64_t)(s * 1e9);
+    }
+    Py_DECREF(seq);
+    pthread_mutex_init(&self->lock, NULL);
+    self->nbounds = (int)nb;
+    self->max_read = max_read;
+    self->reorder = reorder;
+    self->page = page;
+    self->max_slack = max_slack;
+    Py_INCREF(on_unstuck);
+    self->on_unstuck = on_unstuck;
+    return (PyObject *)self;
+}
+
+static void Direct_dealloc(Direct *self)
+{
+    for (int i = 0; i < DIRECT_BUCKETS; i++) {
+        struct direct_entry *e = self->buckets[i];
+        while (e != NULL) {
+            struct direct_entry *next = e->next;
+            direct_free(e); /* (no loop runs with this table any more: it holds a reference) */
+            e = next;
+        }
+    }
+    pthread_mutex_destroy(&self->lock);
+    Py_XDECREF(self->on_unstuck);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A read the engine counted stuck returned: tell it (GIL held). */
+static void direct_unstuck(Direct *d, uint64_t fh)
+{
+    if (d->on_unstuck == Py_None)
+        return;
+    PyObject *arg = PyLong_FromUnsignedLongLong(fh);
+    if (arg == NULL) {
+        PyErr_WriteUnraisable(d->on_unstuck);
+        return;
+    }
+    PyObject *result = PyObject_CallOneArg(d->on_unstuck, arg);
+    if (result == NULL)
+        PyErr_WriteUnraisable(d->on_unstuck);
+    Py_XDECREF(result);
+    Py_DECREF(arg);
+}
+
+/* The tally of *e* (and its ring when *ring*) as a tuple, reset (lock held; nothing but C here). */
+static void tally_take(struct direct_entry *e, int ring, uint64_t *out_scalars, uint64_t *lat, uint64_t *sizes,
+                       uint64_t *roff, uint32_t *rlen, int *rn)
+{
+    out_scalars[0] = e->reads;
+    out_scalars[1] = e->bytes;
+    out_scalars[2] = e->lat_ns;
+    memcpy(lat, e->lat_counts, sizeof e->lat_counts);
+    memcpy(sizes, e->size_counts, sizeof e->size_counts);
+    e->reads = e->bytes = e->lat_ns = 0;
+    memset(e->lat_counts, 0, sizeof e->lat_counts);
+    memset(e->size_counts, 0, sizeof e->size_counts);
+    *rn = 0;
+    if (ring) {
+        int n = e->ring_n, first = (e->ring_next - n + DIRECT_RING) % DIRECT_RING;
+        for (int i = 0; i < n; i++) {
+            roff[i] = e->ring_off[(first + i) % DIRECT_RING];
+            rlen[i] = e->ring_len[(first + i) % DIRECT_RING];
+        }
+        *rn = n;
+        e->ring_n = e->ring_next = 0;
+    }
+}
+
+/* (reads, bytes, seconds, latency counts, {size bits: count}, ((offset, length), ...)) */
+static PyObject *tally_tuple(Direct *d, const uint64_t *sc, const uint64_t *lat, const uint64_t *sizes,
+                             const uint64_t *roff, const uint32_t *rlen, int rn)
+{
+    PyObject *lats = PyTuple_New(d->nbounds + 1);
+    PyObject *szs = PyDict_New();
+    PyObject *ring = PyTuple_New(rn);
+    if (lats == NULL || szs == NULL || ring == NULL)
+        goto fail;
+    for (int i = 0; i <= d->nbounds; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(lat[i]);
+        if (v == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(lats, i, v);
+    }
+    for (int i = 0; i < SIZE_BITS; i++) {
+        if (!sizes[i])
+            continue;
+        PyObject *k = PyLong_FromLong(i), *v = PyLong_FromUnsignedLongLong(sizes[i]);
+        int r = k == NULL || v == NULL ? -1 : PyDict_SetItem(szs, k, v);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        if (r < 0)
+            goto fail;
+    }
+    for (int i = 0; i < rn; i++) {
+        PyObject *pair = Py_BuildValue("(KI)", (unsigned long long)roff[i], (unsigned int)rlen[i]);
+        if (pair == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(ring, i, pair);
+    }
+    return Py_BuildValue("(KKdNNN)", (unsigned long long)sc[0], (unsigned long long)sc[1], (double)sc[2] * 1e-9,
+                         lats, szs, ring);
+fail:
+    Py_XDECREF(lats);
+    Py_XDECREF(szs);
+    Py_XDECREF(ring);
+    return NULL;
+}
+
+struct tally_buf {
+    uint64_t sc[3], lat[DIRECT_BOUNDS + 1], sizes[SIZE_BITS], roff[DIRECT_RING];
+    uint32_t rlen[DIRECT_RING];
+    int rn;
+};
+
+static PyObject *Direct_add(Direct *self, PyObject *args)
+{
+    unsigned long long fh, size;
+    int fd;
+    PyObject *windows;
+    if (!PyArg_ParseTuple(args, "KiKO", &fh, &fd, &size, &windows))
+        return NULL;
+    PyObject *seq = PySequence_Fast(windows, "windows must be a sequence of (low, high)");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t nw = PySequence_Fast_GET_SIZE(seq);
+    if (nw > DIRECT_WINDOWS) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "too many windows");
+        return NULL;
+    }
+    uint64_t lo[DIRECT_WINDOWS], hi[DIRECT_WINDOWS];
+    for (Py_ssize_t i = 0; i < nw; i++) {
+        unsigned long long l, h;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "KK", &l, &h)) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        lo[i] = l;
+        hi[i] = h;
+    }
+    Py_DECREF(seq);
+    pthread_mutex_lock(&self->lock);
+    struct direct_entry *e = *direct_slot(self, fh);
+    if (e != NULL) { /* handed over again: new windows (the same version's descriptor) */
+        e->nwindows = (int)nw;
+        memcpy(e->lo, lo, sizeof lo[0] * (size_t)nw);
+        memcpy(e->hi, hi, sizeof hi[0] * (size_t)nw);
+        e->active = 1;
+        pthread_mutex_unlock(&self->lock);
+        Py_RETURN_NONE;
+    }
+    pthread_mutex_unlock(&self->lock);
+    struct direct_entry *fresh = calloc(1, sizeof *fresh);
+    if (fresh == NULL)
+        return PyErr_NoMemory();
+    fresh->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (fresh->fd < 0) {
+        free(fresh);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    fresh->fh = fh;
+    fresh->size = size;
+    fresh->nwindows = (int)nw;
+    memcpy(fresh->lo, lo, sizeof lo[0] * (size_t)nw);
+    memcpy(fresh->hi, hi, sizeof hi[0] * (size_t)nw);
+    fresh->active = 1;
+    pthread_mutex_lock(&self->lock);
+    struct direct_entry **slot = direct_slot(self, fh);
+    if (*slot != NULL) { /* another thread added it meanwhile */
+        pthread_mutex_unlock(&self->lock);
+        direct_free(fresh);
+        Py_RETURN_NONE;
+    }
+    *slot = fresh;
+    self->entries++;
+    pthread_mutex_unlock(&self->lock);
+    Py_RETURN_NONE;
+}
+
+/* take(fh) / remove(fh): the handle's tally and ring since the last take (None when it has none).
+ * abandon(fh): remove(fh), and count the handle's reads running now as stuck; (count, tally). */
+static PyObject *direct_take_common(Direct *self, PyObject *arg, int remove, int abandon)
+{
+    unsigned long long fh = PyLong_AsUnsignedLongLong(arg);
+    if (fh == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    struct tally_buf t;
+    struct direct_entry *freed = NULL;
+    int stuck = 0;
+    pthread_mutex_lock(&self->lock);
+    struct direct_entry **slot = direct_slot(self, fh);
+    struct direct_entry *e = *slot;
+    if (e == NULL) {
+        pthread_mutex_unlock(&self->lock);
+        if (abandon)
+            return Py_BuildValue("(iO)", 0, Py_None);
+        Py_RETURN_NONE;
+    }
+    tally_take(e, 1, t.sc, t.lat, t.sizes, t.roff, t.rlen, &t.rn);
+    if (abandon) {
+        stuck = e->in_use - e->stuck;
+        e->stuck = e->in_use;
+    }
+    if (remove) {
+        *slot = e->next;
+        self->entries--;
+        if (e->in_use)
+            e->dead = 1;
+        else
+            freed = e;
+    }
+    pthread_mutex_unlock(&self->lock);
+    if (freed != NULL)
+        direct_free(freed);
+    PyObject *tally;
+    if (!t.sc[0] && !t.rn) {
+        Py_INCREF(Py_None);
+        tally = Py_None;
+    } else if ((tally = tally_tuple(self, t.sc, t.lat, t.sizes, t.roff, t.rlen, t.rn)) == NULL) {
+        return NULL;
+    }
+    return abandon ? Py_BuildValue("(iN)", stuck, tally) : tally;
+}
+
+static PyObject *Direct_take(Direct *self, PyObject *arg) { return direct_take_common(self, arg, 0, 0); }
+static PyObject *Direct_remove(Direct *self, PyObject *arg) { return direct_take_common(self, arg, 1, 0); }
+static PyObject *Direct_abandon(Direct *self, PyObject *arg) { return direct_take_common(self, arg, 1, 1); }
+
+/* drain(): [(fh, tally)] of every handle that served reads since its last take; rings stay. */
+static PyObject *Direct_drain(Direct *self, PyObject *unused)
+{
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (int b = 0; b < DIRECT_BUCKETS; b++) {
+        for (;;) { /* one entry per lock hold: the Python objects are made without it */
+            struct tally_buf t;
+            uint64_t fh = 0;
+            int found = 0;
+            pthread_mutex_lock(&self->lock);
+            for (struct direct_entry *e = self->buckets[b]; e != NULL; e = e->next) {
+                if (e->reads) {
+                    fh = e->fh;
+                    tally_take(e, 0, t.sc, t.lat, t.sizes, t.roff, t.rlen, &t.rn);
+                    found = 1;
+                    break;
+                }
+            }
+            pthread_mutex_unlock(&self->lock);
+            if (!found)
+                break;
+            PyObject *tally = tally_tuple(self, t.sc, t.lat, t.sizes, t.roff, t.rlen, 0);
+            PyObject *item = tally == NULL ? NULL : Py_BuildValue("(KN)", (unsigned long long)fh, tally);
+            if (item == NULL || PyList_Append(out, item) < 0) {
+                Py_XDECREF(item);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(item);
+        }
+    }
+    return out;
+}
+
+/* state(fh): (active, windows) of a handed-over handle, None otherwise; and len(): handles. For tests. */
+static PyObject *Direct_state(Direct *self, PyObject *arg)
+{
+    unsigned long long fh = PyLong_AsUnsignedLongLong(arg);
+    if (fh == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    pthread_mutex_lock(&self->lock);
+    struct direct_entry *e = *direct_slot(self, fh);
+    int active = e != NULL && e->active, nw = e != NULL ? e->nwindows : 0, present = e != NULL;
+    uint64_t lo[DIRECT_WINDOWS], hi[DIRECT_WINDOWS];
+    for (int i = 0; i < nw; i++) {
+        lo[i] = e->lo[i];
+        hi[i] = e->hi[i];
+    }
+    pthread_mutex_unlock(&self->lock);
+    if (!present)
+        Py_RETURN_NONE;
+    PyObject *ws = PyTuple_New(nw);
+    if (ws == NULL)
+        return NULL;
+    for (int i = 0; i < nw; i++) {
+        PyObject *w = Py_BuildValue("(KK)", (unsigned long long)lo[i], (unsigned long long)hi[i]);
+        if (w == NULL) {
+            Py_DECREF(ws);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(ws, i, w);
+    }
+    return Py_BuildValue("(ON)", active ? Py_True : Py_False, ws);
+}
+
+static Py_ssize_t Direct_len(Direct *self)
+{
+    pthread_mutex_lock(&self->lock);
+    long n = self->entries;
+    pthread_mutex_unlock(&self->lock);
+    return (Py_ssize_t)n;
+}
+
+/* read(fh, offset, size) -> bytes or None: what the loop does with a READ of fh (tests). */
+static PyObject *Direct_read(Direct *self, PyObject *args)
+{
+    unsigned long long fh, off;
+    unsigned int size;
+    if (!PyArg_ParseTuple(args, "KKI", &fh, &off, &size))
+        return NULL;
+    char *buf = malloc(size ? size : 1);
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    size_t n = 0;
+    int served, unstuck;
+    Py_BEGIN_ALLOW_THREADS
+    served = direct_read(self, fh, off, size, buf, &n, &unstuck);
+    Py_END_ALLOW_THREADS
+    if (unstuck)
+        direct_unstuck(self, fh);
+    PyObject *out = served ? PyBytes_FromStringAndSize(buf, (Py_ssize_t)n) : (Py_INCREF(Py_None), Py_None);
+    free(buf);
+    return out;
+}
+
+static PyMethodDef Direct_methods[] = {
+    {"add", (PyCFunction)Direct_add, METH_VARARGS,
+     "add(fh, fd, size, windows): hand reads of fh over (fd is duplicated; again: new windows, active)."},
+    {"take", (PyCFunction)Direct_take, METH_O, "take(fh): the tally and ring since the last take, or None."},
+    {"remove", (PyCFunction)Direct_remove, METH_O, "remove(fh): take, and forget the handle."},
+    {"abandon", (PyCFunction)Direct_abandon, METH_O,
+     "abandon(fh): remove, counting its reads running now as stuck: (count, tally or None)."},
+    {"drain", (PyCFunction)Direct_drain, METH_NOARGS, "drain(): [(fh, tally)] of handles that served reads."},
+    {"state", (PyCFunction)Direct_state, METH_O, "state(fh): (active, windows), or None."},
+    {"read", (PyCFunction)Direct_read, METH_VARARGS, "read(fh, offset, size): the loop's answer (bytes) or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods Direct_as_sequence = {.sq_length = (lenfunc)Direct_len};
+
+static PyTypeObject DirectType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fastfs.daemon.kernel._loop.Direct",
+    .tp_doc = PyDoc_STR("Direct(max_read, reorder, page, max_slack, latency_bounds, on_unstuck=None): handles "
+                        "whose reads the loop serves itself (see the C file)."),
+    .tp_basicsize = sizeof(Direct),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Direct_new,
+    .tp_dealloc = (destructor)Direct_dealloc,
+    .tp_methods = Direct_methods,
+    .tp_as_sequence = &Direct_as_sequence,
+};
+
 static PyObject *s_unique, *s_opcode, *s_nodeid, *s_uid, *s_gid, *s_pid, *s_after, *s_current, *s_abandoned,
     *s_counts, *s_errno;
 
@@ -367,28 +938,39 @@ static int send_answer(int fd, uint64_t unique, PyObject *reply, PyObject *no_re
 }
 
 PyDoc_STRVAR(serve_doc,
-    "serve(fd, buffer, handlers, request, worker, no_reply, no_reply_ops, on_exception, on_reply_error, readers)"
-    " -> int\n\n"
+    "serve(fd, buffer, handlers, request, worker, no_reply, no_reply_ops, on_exception, on_reply_error, readers,"
+    " direct) -> int\n\n"
     "Serve requests read from fd until the worker is abandoned (0), the device read ends the connection\n"
     "(its errno, or -1 for end of file) or a BaseException escapes a handler (raised).");
 
 static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "serve() takes 10 arguments");
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "serve() takes 11 arguments");
         return NULL;
     }
     if (!PyObject_TypeCheck(args[9], &ReadersType)) {
         PyErr_SetString(PyExc_TypeError, "readers must be a Readers");
         return NULL;
     }
+    if (args[10] != Py_None && !PyObject_TypeCheck(args[10], &DirectType)) {
+        PyErr_SetString(PyExc_TypeError, "direct must be a Direct or None");
+        return NULL;
+    }
     Readers *places = (Readers *)args[9];
+    Direct *direct = args[10] == Py_None ? NULL : (Direct *)args[10];
+    char *rbuf = NULL; /* the answers of direct reads (max_read bytes) */
+    if (direct != NULL && (rbuf = malloc(direct->max_read)) == NULL)
+        return PyErr_NoMemory();
     struct parked me; /* this worker's parking place, for the whole loop */
     long fd_value = PyLong_AsLong(args[0]);
-    if (fd_value == -1 && PyErr_Occurred())
+    if (fd_value == -1 && PyErr_Occurred()) {
+        free(rbuf);
         return NULL;
+    }
     if (fd_value < 0 || fd_value > INT_MAX) {
         PyErr_SetString(PyExc_ValueError, "bad file descriptor");
+        free(rbuf);
         return NULL;
     }
     int fd = (int)fd_value;
@@ -396,17 +978,21 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
              *no_reply_ops = args[6], *on_exception = args[7], *on_reply_error = args[8];
     if (!PyDict_Check(handlers)) {
         PyErr_SetString(PyExc_TypeError, "handlers must be a dict");
+        free(rbuf);
         return NULL;
     }
     Py_buffer buffer;
-    if (PyObject_GetBuffer(args[1], &buffer, PyBUF_WRITABLE) < 0)
+    if (PyObject_GetBuffer(args[1], &buffer, PyBUF_WRITABLE) < 0) {
+        free(rbuf);
         return NULL;
+    }
     PyObject *counts = PyObject_GetAttr(worker, s_counts);
     if (counts == NULL || !PyDict_Check(counts)) {
         if (counts != NULL)
             PyErr_SetString(PyExc_TypeError, "worker.counts must be a dict");
         Py_XDECREF(counts);
         PyBuffer_Release(&buffer);
+        free(rbuf);
         return NULL;
     }
     sem_init(&me.wake, 0, 0);
@@ -506,6 +1092,38 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
             goto fail;
         }
         Py_DECREF(current);
+        if (op == OP_READ && direct != NULL && length - sizeof *h >= READ_IN_SIZE) {
+            const char *in = buf + sizeof *h;
+            uint64_t rfh, roff;
+            uint32_t rsize;
+            memcpy(&rfh, in, 8);
+            memcpy(&roff, in + 8, 8);
+            memcpy(&rsize, in + 16, 4);
+            size_t got = 0;
+            int served, unstuck;
+            Py_BEGIN_ALLOW_THREADS
+            served = direct_read(direct, rfh, roff, rsize, rbuf, &got, &unstuck);
+            Py_END_ALLOW_THREADS
+            if (unstuck)
+                direct_unstuck(direct, rfh);
+            if (served) {
+                Py_DECREF(opcode);
+                if (PyObject_SetAttr(worker, s_current, Py_None) < 0)
+                    goto fail;
+                flag = PyObject_GetAttr(worker, s_abandoned);
+                abandoned = flag == NULL ? -1 : PyObject_IsTrue(flag);
+                Py_XDECREF(flag);
+                if (abandoned < 0)
+                    goto fail;
+                if (abandoned)
+                    break; /* the watchdog answered it already */
+                Py_buffer part = {.buf = rbuf, .len = (Py_ssize_t)got};
+                int code = write_reply(fd, unique, 0, &part, 1);
+                if (code)
+                    reply_failed(on_reply_error, code);
+                continue;
+            }
+        }
         PyObject *body = PyMemoryView_FromMemory(buf + sizeof *h, (Py_ssize_t)(length - sizeof *h), PyBUF_READ);
         if (body == NULL) {
             Py_DECREF(opcode);
@@ -581,12 +1199,14 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     sem_destroy(&me.wake); /* (not parked: nobody posts to it any more) */
     Py_DECREF(counts);
     PyBuffer_Release(&buffer);
+    free(rbuf);
     return PyLong_FromLong(result);
 
 fail:
     sem_destroy(&me.wake);
     Py_DECREF(counts);
     PyBuffer_Release(&buffer);
+    free(rbuf);
     return NULL;
 }
 
@@ -622,7 +1242,7 @@ PyMODINIT_FUNC PyInit__loop(void)
         if (*names[i].slot == NULL)
             return NULL;
     }
-    if (PyType_Ready(&ReadersType) < 0)
+    if (PyType_Ready(&ReadersType) < 0 || PyType_Ready(&DirectType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
@@ -630,6 +1250,18 @@ PyMODINIT_FUNC PyInit__loop(void)
     Py_INCREF(&ReadersType);
     if (PyModule_AddObject(module, "Readers", (PyObject *)&ReadersType) < 0) {
         Py_DECREF(&ReadersType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&DirectType);
+    if (PyModule_AddObject(module, "Direct", (PyObject *)&DirectType) < 0) {
+        Py_DECREF(&DirectType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(module, "DIRECT_RING", DIRECT_RING) < 0 ||
+        PyModule_AddIntConstant(module, "DIRECT_WINDOWS", DIRECT_WINDOWS) < 0 ||
+        PyModule_AddIntConstant(module, "SIZE_BITS", SIZE_BITS) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -1,6 +1,6 @@
 """Type stub of the native request loop (``_loop.c``), built when a C compiler is at hand."""
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 class Readers:
@@ -9,6 +9,33 @@ class Readers:
     def __init__(self, spare: int) -> None: ...
     def end(self) -> None: ...
     def counts(self) -> tuple[int, int, int]: ...
+
+DIRECT_RING: int
+DIRECT_WINDOWS: int
+SIZE_BITS: int
+
+Tally = tuple[int, int, float, tuple[int, ...], dict[int, int], tuple[tuple[int, int], ...]]
+
+class Direct:
+    """Handles whose READs the loop answers by pread itself (see the C file)."""
+
+    def __init__(
+        self,
+        max_read: int,
+        reorder: int,
+        page: int,
+        max_slack: int,
+        latency_bounds: Sequence[float],
+        on_unstuck: Callable[[int], None] | None = None,
+    ) -> None: ...
+    def add(self, fh: int, fd: int, size: int, windows: Sequence[tuple[int, int]], /) -> None: ...
+    def take(self, fh: int, /) -> Tally | None: ...
+    def remove(self, fh: int, /) -> Tally | None: ...
+    def abandon(self, fh: int, /) -> tuple[int, Tally | None]: ...
+    def drain(self) -> list[tuple[int, Tally]]: ...
+    def state(self, fh: int, /) -> tuple[bool, tuple[tuple[int, int], ...]] | None: ...
+    def read(self, fh: int, offset: int, size: int, /) -> bytes | None: ...
+    def __len__(self) -> int: ...
 
 def serve(
     fd: int,
@@ -21,5 +48,6 @@ def serve(
     on_exception: Callable[[int, BaseException], None],
     on_reply_error: Callable[[int], None],
     readers: Readers,
+    direct: Direct | None,
     /,
 ) -> int: ...

@@ -15,7 +15,9 @@ built by pip where a C compiler was at hand; :attr:`Session.native`), which hold
 while a handler runs, and the Python one (:meth:`Session._serve_python`), which holds it from the
 device read's return to the next read, so a second worker woken for the next request (an OPEN right
 after the RELEASE of the close before it) waits for it. ``$FASTFS_LOOP`` (:data:`LOOP_ENV`) picks
-one; the stats show which runs (``kernel.loop``).
+one; the stats show which runs (``kernel.loop``). The native loop alone also answers the READs of
+handles the engine handed over to it (:attr:`Session.direct`, ``_loop.Direct``: random reads, one
+pread each, no handler; the C file says how and when a handle goes back to its handler).
 
 Readers. At most :data:`SPARE_READERS` workers wait in the device read at once; the others park,
 each on a lock of its own (the native loop keeps these places in C: ``_loop.Readers``). A worker
@@ -250,10 +252,14 @@ class Session:
         name: str = "fastfs",
         on_abandon: Callable[[int, memoryview], None] | None = None,
         native: bool | None = None,
+        direct: Any = None,
     ) -> None:
         self.fd = fd
         self.native = (use_native_loop() if native is None else native) and native_loop is not None
         """Workers run the native request loop (``_loop.c``, when it was built); else the Python one."""
+        self.direct = direct if self.native else None
+        """The handles whose reads the native loop answers itself (a ``_loop.Direct``, see the C file),
+        or None (the Python loop, or none given): every READ goes to its handler."""
         # the native loop's reader places (its twin of _readers, _parked and _ending), or None
         self._places = native_loop.Readers(SPARE_READERS) if self.native and native_loop is not None else None
         self.handlers = handlers
@@ -385,7 +391,7 @@ class Session:
         request = Request(0, 0, 0, 0, 0, 0, worker)
         code = native_loop.serve(
             worker.fd, worker.buf, self.handlers, request, worker, NO_REPLY, abi.NO_REPLY_OPS,
-            self._handler_failed, self._reply_errno, self._places,
+            self._handler_failed, self._reply_errno, self._places, self.direct,
         )  # fmt: skip
         if code:  # the device read ended the connection (ENODEV: unmounted or aborted; -1: end of file)
             self._end_readers()

@@ -889,3 +889,127 @@ def test_a_new_epoch_over_files_the_kernel_holds_fetches_metadata_only(tmp_path,
         assert len(opens) <= 12, opens  # the first few opens before the scan's metadata came
     finally:
         engine.close()
+
+
+# -- direct reads (the kernel layer's, see fsio/readpath.py) ------------------------------------------
+def _tally(reads: int, nbytes: int, ring: tuple = (), seconds: float = 0.001):
+    from fastfs.fsio.readpath import DirectTally
+
+    latency = (0,) * 3 + (reads,) + (0,) * (len(m.LATENCY_BUCKETS) - 3)
+    return DirectTally(reads, nbytes, seconds, latency, {12: reads} if reads else {}, ring)
+
+
+def test_direct_reads_are_offered_only_for_exact_reads_that_join_no_sequential_stream(data_dir, tmp_path):
+    engine = make_engine(data_dir, tmp_path, **{"readahead.formats": "false"})
+    engine.inline_reads = True
+    expected = (data_dir / "big").read_bytes()
+    try:
+        r = engine.open("/big")
+        assert engine.direct_offer(r.fh) is None  # nothing read yet
+        assert engine.read(r.fh, 5 * MIB, 4096) == expected[5 * MIB : 5 * MIB + 4096]
+        offer = engine.direct_offer(r.fh)
+        assert offer is not None and offer.size == len(expected)
+        assert os.pread(offer.fd, 100, 5 * MIB) == expected[5 * MIB : 5 * MIB + 100]  # the version's descriptor
+        (low, high), *_ = offer.windows
+        assert low <= 5 * MIB + 4096 <= high and high - low <= 2 * 16 * 4096  # around where a stream would go on
+        read_all(engine, r.fh, len(expected), MIB)  # a sequential stream from 0: served from blocks
+        assert engine.direct_offer(r.fh) is None
+        engine.release(r.fh)
+        assert engine.direct_offer(r.fh) is None  # released
+        engine.inline_reads = False  # exact reads on the pool under the read timeout: never handed over
+        r = engine.open("/big")
+        engine.read(r.fh, 7 * MIB, 4096)
+        assert engine.direct_offer(r.fh) is None
+        engine.release(r.fh)
+    finally:
+        engine.close()
+
+
+def test_no_direct_reads_for_a_file_with_a_format_plan_or_a_disk_tier(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.arange(4 * MIB, dtype=np.uint8))
+    (src / "b.bin").write_bytes(random.Random(1).randbytes(8 * MIB))
+    for overrides in ({}, {"cache.disk_dir": str(tmp_path / "disk"), "cache.disk_budget": "64M"}):
+        engine = make_engine(src, tmp_path, **overrides)
+        engine.inline_reads = True
+        try:
+            r = engine.open("/a.npy")  # a format plan: the plan decides what is fetched, it must see reads
+            wait_until(lambda r=r, e=engine: not e.handles.get(r.fh).format.planning)
+            engine.read(r.fh, 3 * MIB, 4096)
+            assert engine.direct_offer(r.fh) is None
+            engine.release(r.fh)
+            r = engine.open("/b.bin")
+            wait_until(lambda r=r, e=engine: not e.handles.get(r.fh).format.planning)
+            engine.read(r.fh, 3 * MIB, 4096)
+            assert (engine.direct_offer(r.fh) is None) == bool(overrides), overrides  # the tier may hold it
+            engine.release(r.fh)
+        finally:
+            engine.close()
+
+
+def test_what_the_kernel_layer_served_is_counted_and_fed_to_the_policy(data_dir, tmp_path):
+    """The kernel layer's tally counts as the engine counts its own reads, and its last reads reach the
+    stream policy: a read continuing them joins their stream, three make it sequential."""
+    engine = make_engine(data_dir, tmp_path, **{"readahead.formats": "false"})
+    engine.inline_reads = True
+    expected = (data_dir / "big").read_bytes()
+    try:
+        r = engine.open("/big")
+        engine.read(r.fh, 0, 4096)
+        before = engine.snapshot()["counters"]
+        ring = tuple((i * MIB, 4096) for i in (3, 9, 12))
+        engine.direct_served(r.fh, _tally(5, 5 * 4096, ring))
+        c = engine.snapshot()["counters"]
+        for key, grew in (
+            (m.READ_REQUESTS, 5),
+            (m.DIRECT_READS, 5),
+            (m.PREADS, 5),
+            (m.BYTES_REQUESTED, 5 * 4096),
+            (m.BYTES_FETCHED_DEMAND, 5 * 4096),
+            (m.RANDOM_STREAMS, 5),
+        ):
+            assert c[key] - before[key] == grew, key
+        assert c["requests_by_size"]["<=4K"] - before["requests_by_size"]["<=4K"] == 5
+        windows = engine.direct_offer(r.fh).windows
+        assert all(any(low <= off + 4096 <= high for low, high in windows) for off, _ in ring)
+        # the reads go on from the last one the kernel layer served: the policy knows its stream
+        pos = 12 * MIB + 4096
+        for _ in range(40):
+            assert engine.read(r.fh, pos, 128 * 1024) == expected[pos : pos + 128 * 1024]
+            pos += 128 * 1024
+        assert engine.snapshot()["counters"][m.SEQ_STREAMS] == 1
+        engine.release(r.fh)
+    finally:
+        engine.close()
+
+
+def test_a_stuck_direct_read_makes_the_file_fail_fast_until_it_returns(data_dir, tmp_path, monkeypatch):
+    """The kernel layer's watchdog answered a read the kernel layer preads itself: the file counts it as
+    stuck (later reads fail fast, without reaching the source) until the pread returns, whenever that is."""
+    from fastfs.fsio import fills as fills_module
+
+    monkeypatch.setattr(fills_module, "UNSTUCK_WAIT", 0.05)
+    engine = make_engine(data_dir, tmp_path, **{"readahead.read_timeout": "1", "readahead.formats": "false"})
+    engine.inline_reads = True
+    expected = (data_dir / "big").read_bytes()
+    try:
+        r = engine.open("/big")
+        engine.read(r.fh, 0, 4096)
+        engine.direct_stuck(r.fh, 1)
+        assert engine.handles.get(r.fh).stuck == 1
+        assert engine.snapshot()["counters"][m.TIMEOUTS] == 1
+        with pytest.raises(OSError) as e:
+            engine.read(r.fh, MIB, 4096)
+        assert e.value.errno == errno.EIO
+        assert engine.direct_offer(r.fh) is None
+        engine.direct_unstuck(r.fh)
+        assert engine.handles.get(r.fh).stuck == 0
+        assert engine.read(r.fh, MIB, 4096) == expected[MIB : MIB + 4096]
+        engine.direct_unstuck(r.fh)  # a read that returns before it is counted stuck is never counted
+        engine.direct_stuck(r.fh, 1)
+        assert engine.handles.get(r.fh).stuck == 0
+        assert engine.read(r.fh, 2 * MIB, 4096) == expected[2 * MIB : 2 * MIB + 4096]
+        engine.release(r.fh)
+    finally:
+        engine.close()

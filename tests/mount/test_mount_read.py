@@ -379,3 +379,61 @@ def test_both_request_loops_serve_the_same_bytes(tmp_path: Path, loop: str) -> N
             snap = m.stats()
             assert snap["kernel"]["loop"] == loop
             assert snap["kernel"]["requests"]["lookup"] >= 3 and snap["kernel"]["requests"]["open"] >= 3
+
+
+# Random 4 KiB preads of the direct-read test, and of them at least this share answered by the loop
+# itself (the rest land near an earlier read, where a stream may begin, and go to the engine).
+DIRECT_PREADS = 3000
+DIRECT_SHARE = 0.8
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_random_reads_answered_by_the_loop_are_the_versions_bytes(tmp_path: Path, direct: bool) -> None:
+    """Random reads of a served file are answered by the native loop itself (one pread each,
+    ``fuse.direct_reads``) once the engine hands the handle over: the bytes are the source's, they
+    are counted as the engine counts its own, and a handle opened before the file was replaced keeps
+    reading the version it opened while a new open reads the new one. Off, every read goes through
+    the engine."""
+    from fastfs.daemon.kernel import session
+
+    if session.native_loop is None:
+        pytest.skip("the native request loop is not built (no C compiler at install)")
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    old, new = rand_bytes(16 * MIB, 11), rand_bytes(16 * MIB, 12)
+    (src / "f.bin").write_bytes(old)
+    options = ["fuse.passthrough=off", f"fuse.direct_reads={str(direct).lower()}"]
+    rng = random.Random(5)
+    with mounted(src, mnt, options) as m:
+        fd = os.open(mnt / "f.bin", os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead: one READ per pread
+            pages = rng.sample(range(len(old) // 4096), DIRECT_PREADS)  # distinct: none in the page cache yet
+            for off in (page * 4096 for page in pages):
+                assert os.pread(fd, 4096, off) == old[off : off + 4096], off
+            counters = m.stats()["counters"]
+            assert counters["read_requests"] == DIRECT_PREADS, counters
+            assert counters["bytes_fetched_demand"] == counters["bytes_requested"] == DIRECT_PREADS * 4096
+            if direct:
+                assert counters["reads_direct"] >= DIRECT_PREADS * DIRECT_SHARE, counters["reads_direct"]
+            else:
+                assert counters["reads_direct"] == 0, counters
+            (src / "f.tmp").write_bytes(new)
+            os.rename(src / "f.tmp", src / "f.bin")
+            for _ in range(200):  # the handle held across the replacement: the old version, never mixed
+                off = rng.randrange(len(old) // 4096) * 4096
+                assert os.pread(fd, 4096, off) == old[off : off + 4096], off
+        finally:
+            os.close(fd)
+        assert wait_for_bytes(mnt / "f.bin", new)
+
+
+def wait_for_bytes(path: Path, want: bytes, timeout: float = 30.0) -> bool:
+    """A new open of *path* reads *want* within *timeout* seconds (the kernel's attribute cache expires)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.read_bytes() == want:
+            return True
+        time.sleep(0.2)
+    return False

@@ -265,6 +265,81 @@ def test_hanging_source_times_out(faulty) -> None:
         assert _bounded(lambda: _read_file(m.mnt / "good.bin"), READER_TIMEOUT) == data["good.bin"]
 
 
+# A reader that keeps its handle: random 4 KiB preads of distinct pages of the file's first half, then
+# one more per line read from stdin, from its second half, each far from any other (so the loop, which
+# answers such reads itself once the engine handed the handle over, never sends it back to the engine
+# as the start of a stream); one JSON line per step.
+_HANDLE_READER = """
+import errno, hashlib, json, os, random, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+half = int(sys.argv[2]) // 4096 // 2
+for page in random.Random(7).sample(range(half - 64), int(sys.argv[3])):
+    os.pread(fd, 4096, page * 4096)
+print(json.dumps({"ready": True}), flush=True)
+for page, line in zip(range(half + 64, 2 * half, 64), sys.stdin):
+    t0 = time.monotonic()
+    try:
+        data = os.pread(fd, 4096, page * 4096)
+        out = {"errno": None, "offset": page * 4096, "sha": hashlib.sha256(data).hexdigest()}
+    except OSError as e:
+        out = {"errno": errno.errorcode.get(e.errno, str(e.errno))}
+    out["seconds"] = time.monotonic() - t0
+    print(json.dumps(out), flush=True)
+"""
+# Random reads the handle reader makes before the source hangs.
+HANDLE_READS = 300
+
+
+def test_hanging_source_bounds_the_reads_the_loop_answers(faulty) -> None:
+    """A handle whose random reads the native loop answers itself (fuse.direct_reads): when its file
+    hangs at the source, a read fails after the read timeout instead of hanging, other files keep
+    reading, and once the source answers the same handle reads the right bytes again."""
+    from fastfs.daemon.kernel import session
+
+    if session.native_loop is None:
+        pytest.skip("the native request loop is not built (no C compiler at install)")
+    fs, faultsrc, mnt, data = faulty
+    slow = data["slow.bin"]
+    options = [f"readahead.read_timeout={READ_TIMEOUT_SECONDS}", "readahead.source_shape=parallel"]
+    with mounted(faultsrc, mnt, options=options) as m:
+        reader = subprocess.Popen(
+            [sys.executable, "-c", _HANDLE_READER, str(m.mnt / "slow.bin"), str(len(slow)), str(HANDLE_READS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert reader.stdin is not None and reader.stdout is not None
+
+        def step() -> dict:
+            reader.stdin.write("next\n")
+            reader.stdin.flush()
+            return json.loads(reader.stdout.readline())
+
+        try:
+            assert _bounded(lambda: json.loads(reader.stdout.readline()), READER_TIMEOUT) == {"ready": True}
+            snap = m.stats()
+            assert snap["counters"]["reads_direct"] > 0 and snap["kernel"]["direct_handles"] == 1, snap["kernel"]
+            fs.set(hang=["/slow.bin"])
+            try:
+                r = _bounded(step, HANG_READ_BOUND)
+                assert r["errno"] in ("EIO", "ETIMEDOUT"), r
+                snap = m.stats()  # the handle went back to the engine; the read counts as stuck there
+                assert snap["kernel"]["direct_handles"] == 0 and snap["counters"]["read_timeouts"] == 1, snap
+                # its next read fails at once (the file is stuck), not after another timeout
+                r = _bounded(step, HANG_READ_BOUND)
+                assert r["errno"] == "EIO" and r["seconds"] < READ_TIMEOUT_SECONDS, r
+                for name in ("good.bin", "dir/two.bin"):
+                    assert _bounded(lambda n=name: _read_file(m.mnt / n), READER_TIMEOUT) == data[name], name
+            finally:
+                fs.clear()
+            r = _bounded(step, READER_TIMEOUT)
+            assert r["errno"] is None and r["sha"] == hashlib.sha256(slow[r["offset"] : r["offset"] + 4096]).hexdigest()
+        finally:
+            reader.kill()
+            reader.wait(10)
+
+
 # -- never stale --------------------------------------------------------------------------------------
 
 # Big enough to span several cache blocks and a prefetch window.

@@ -23,6 +23,7 @@ from fastfs.daemon.kernel.abi import Op
 from fastfs.daemon.kernel.negotiate import Wishes
 from fastfs.daemon.kernel.session import SPARE_READERS, Session
 from fastfs.daemon.ops import CONTROL_ID, STATS_ID, VIRTUAL_FH_BASE, KernelOps
+from fastfs.fsio import stats as m
 from fastfs.fsio.engine import Engine
 
 pytestmark = pytest.mark.usefixtures("request_loop")  # every test on both request loops
@@ -65,14 +66,23 @@ class Served:
         ops: KernelOps | None = None,
         no_open: bool = False,
         threads: int = 2,
+        direct: bool = False,
     ):
         self.engine = engine
         self.ops = ops or KernelOps(engine, {"source": "SRC", "mountpoint": "/mnt/test"}, no_open=no_open)
         self.fk = FakeKernel()
         self.session = Session(
-            self.fk.fd, self.ops.handlers(), Wishes(), threads=threads, request_timeout=request_timeout
+            self.fk.fd,
+            self.ops.handlers(),
+            Wishes(),
+            threads=threads,
+            request_timeout=request_timeout,
+            direct=self.ops.direct_table() if direct else None,
         )
         self.ops.session = self.session
+        self.ops.attach_direct(self.session.direct)
+        if direct:
+            engine.inline_reads = True  # as the daemon sets it: the session's watchdog bounds a hung read
         unique = self.fk.send(Op.INIT, init_body())
         self.negotiated = self.session.start()
         err, self.init_reply = self.fk.reply(unique)
@@ -310,6 +320,49 @@ def test_open_read_release(served: Served) -> None:
     assert served.read(node, fh, 0, 1 << 20) == (0, CONTENT)
     served.release(node, fh)
     assert served.read(node, fh, 0, 10)[0] == errno.EBADF
+
+
+def test_random_reads_go_to_the_loop_and_the_engine_still_sees_streams(tree: Path, request_loop: str) -> None:
+    """After one random read through the engine, the native loop answers a handle's random reads itself
+    (one pread each, counted by the engine as its own); a read that continues one of them goes back to
+    the engine, which then finds the stream those reads began and prefetches it. The Python loop
+    answers every read through the engine."""
+    big = tree / "big.bin"
+    data = os.urandom(32 << 20)
+    big.write_bytes(data)
+    s = Served(make_engine(tree), direct=True)
+    try:
+        node = s.node("/big.bin")
+        fh, _ = s.open(node)
+        offsets = [((i * 7919) % 8000) * 4096 for i in range(1, 80)]  # 81 pages apart: no stream
+        direct = s.ops.direct
+        first = 0
+        for off in offsets:  # through the engine until it hands the handle over (its format probe ends first)
+            assert s.read(node, fh, off, 4096) == (0, data[off : off + 4096])
+            first += 1
+            if direct is None or (direct.state(fh) or (False,))[0] or first == 40:
+                break
+        for off in offsets[first:]:
+            assert s.read(node, fh, off, 4096) == (0, data[off : off + 4096])
+        counters = s.engine.snapshot()["counters"]
+        if request_loop == "python":
+            assert direct is None and counters[m.DIRECT_READS] == 0
+        else:
+            assert first < 40 and counters[m.DIRECT_READS] == len(offsets) - first and len(direct) == 1
+        assert counters[m.READ_REQUESTS] == len(offsets) and counters[m.BYTES_REQUESTED] == 4096 * len(offsets)
+        assert counters[m.RANDOM_STREAMS] == len(offsets) and counters[m.SEQ_STREAMS] == 0
+        # a stream from the last random read: the engine sees it and prefetches (and the bytes are right)
+        pos = offsets[-1] + 4096
+        for _ in range(64):
+            assert s.read(node, fh, pos, 128 * 1024) == (0, data[pos : pos + 128 * 1024])
+            pos += 128 * 1024
+        counters = s.engine.snapshot()["counters"]
+        assert counters[m.SEQ_STREAMS] >= 1 and counters[m.BYTES_FETCHED_PREFETCH] > 0
+        s.release(node, fh)
+        if direct is not None:
+            assert len(direct) == 0  # a released handle is forgotten (its number may come back)
+    finally:
+        s.close()
 
 
 def test_no_open_mode_reads_by_node(tree: Path) -> None:
