@@ -34,10 +34,13 @@ anyway (no read timeout, or the kernel layer's watchdog bounds them). The offer 
 windows where a read would join one of the file's streams (:meth:`StreamPolicy.direct_windows`):
 the kernel layer sends such reads, and any it cannot serve, back here, first handing over what it
 served (:meth:`ReadPath.direct_served`: counted as this path counts them, and its last reads fed
-to the policy in order, so the policy decides as if it had seen every read). A direct read the kernel
-layer's watchdog answered while its pread ran on counts as a stuck read of the file until the pread
-returns (:meth:`ReadPath.direct_stuck`, :meth:`ReadPath.direct_unstuck`), as an exact read of this
-path does (:meth:`fastfs.fsio.fills.Fills.abandoned_read`).
+to the policy in order, so the policy decides as if it had seen every read; with several threads
+reading one handle, a read may reach the kernel layer before the windows show a stream another
+thread's read just began there: it is served, and handed back with the next read that continues
+it). A direct read the kernel layer's watchdog answered while its pread ran on counts as a stuck
+read of the file until the pread returns (:meth:`ReadPath.direct_stuck`,
+:meth:`ReadPath.direct_unstuck`), as an exact read of this path does
+(:meth:`fastfs.fsio.fills.Fills.abandoned_read`).
 
 Block fills, exact reads, timeouts and the retry-wait rule live in :mod:`fastfs.fsio.fills`.
 

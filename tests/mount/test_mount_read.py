@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import evict_page_cache, mounted, rand_bytes
+from conftest import evict_page_cache, mounted, rand_bytes, wait_for
 
 # The worker processes (this file run as a script) import conftest from the tests/ directory.
 _TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -437,3 +437,63 @@ def wait_for_bytes(path: Path, want: bytes, timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+# Threads of the mixed served-reads test, and reads per random reader.
+MIXED_RANDOM_THREADS = 6
+MIXED_RANDOM_READS = 400
+
+
+def test_mixed_readers_of_one_served_file_get_its_bytes(tmp_path: Path) -> None:
+    """Served reads of one file from many sides at once, the request loop answering the random ones
+    itself where the engine lets it: random readers of mixed sizes on one shared descriptor (some
+    continuing their last read, so streams start among them) with a reader opening and closing
+    handles of its own, then the random readers again with a sequential reader on the same
+    descriptor (the engine then takes the random reads back: a sequential stream prefetches). Every
+    byte is checked."""
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    data = rand_bytes(64 * MIB + 4097, 21)
+    (src / "f.bin").write_bytes(data)
+    with mounted(src, mnt, ["fuse.passthrough=off"]) as m:
+        fd = os.open(mnt / "f.bin", os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+        def random_reader(seed: int):
+            def run():
+                rng = random.Random(seed)
+                off = 0
+                for _ in range(MIXED_RANDOM_READS):
+                    if rng.random() < 0.7:
+                        off = rng.randrange(len(data))
+                    length = rng.choice((1, 100, 4096, 8192, 65536 - 1, 65536, 200_000))
+                    assert os.pread(fd, length, off) == data[off : off + length], (seed, off, length)
+                    off += length  # the next one may continue it
+
+            return run
+
+        def sequential_reader():
+            off = 0
+            while off < len(data):
+                got = os.pread(fd, 128 * KIB, off)
+                assert got == data[off : off + 128 * KIB], off
+                off += len(got)
+
+        def reopening_reader():
+            rng = random.Random(99)
+            for _ in range(40):
+                with open(mnt / "f.bin", "rb", buffering=0) as f:
+                    for _ in range(10):
+                        off = rng.randrange(len(data))
+                        assert os.pread(f.fileno(), 4096, off) == data[off : off + 4096], off
+
+        try:
+            _bounded_threads([*(random_reader(i) for i in range(MIXED_RANDOM_THREADS)), reopening_reader])
+            assert m.stats()["counters"]["reads_direct"] > 0
+            _bounded_threads([*(random_reader(10 + i) for i in range(MIXED_RANDOM_THREADS)), sequential_reader])
+        finally:
+            os.close(fd)
+        assert m.stats()["counters"]["sequential_streams"] >= 1
+        # every handle released is taken back (the kernel sends a close's RELEASE after close returns)
+        assert wait_for(lambda: m.stats()["kernel"]["direct_handles"] == 0, 10)

@@ -324,8 +324,10 @@ def test_hanging_source_bounds_the_reads_the_loop_answers(faulty) -> None:
             try:
                 r = _bounded(step, HANG_READ_BOUND)
                 assert r["errno"] in ("EIO", "ETIMEDOUT"), r
-                snap = m.stats()  # the handle went back to the engine; the read counts as stuck there
-                assert snap["kernel"]["direct_handles"] == 0 and snap["counters"]["read_timeouts"] == 1, snap
+                # the handle goes back to the engine and the read counts as stuck there (the watchdog
+                # answers the request first, then tells the adapter)
+                assert wait_for(lambda: m.stats()["kernel"]["direct_handles"] == 0, 10)
+                assert wait_for(lambda: m.stats()["counters"]["read_timeouts"] == 1, 10)
                 # its next read fails at once (the file is stuck), not after another timeout
                 r = _bounded(step, HANG_READ_BOUND)
                 assert r["errno"] == "EIO" and r["seconds"] < READ_TIMEOUT_SECONDS, r
