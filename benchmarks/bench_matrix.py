@@ -61,8 +61,8 @@ def parse_args(argv: list[str] | None) -> Any:
         action="append",
         default=[],
         metavar="LIST",
-        help="storages: emu:PRESET|SPEC, rclone, sshfs, s3fs (options :delay=MS,keep=1), comma-separated, e.g. "
-        "rclone,sshfs:delay=2,s3fs,emu:issue14 (default: every emulator preset)",
+        help="storages: emu:PRESET|SPEC, rclone, sshfs, s3fs (options :delay=MS,keep=1,subtype=NAME), "
+        "comma-separated, e.g. rclone,sshfs:delay=2,s3fs,emu:issue14 (default: every emulator preset)",
     )
     p.add_argument("--behaviours", default="", help="comma-separated emulator presets (see --list)")
     p.add_argument(
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         print("emulator presets (--behaviours NAME or --storage emu:NAME):")
         for name, spec in PRESETS.items():
             print(f"  {name:8} {spec or '(defaults)':38} {PRESET_NOTES[name]}")
-        print("network clients (--storage NAME[:delay=MS,keep=1]): rclone, sshfs, s3fs")
+        print("network clients (--storage NAME[:delay=MS,keep=1,subtype=NAME]): rclone, sshfs, s3fs")
         print("workload groups (--workloads @NAME):")
         for name, members in GROUPS.items():
             print(f"  @{name:7} {','.join(members)}")

@@ -250,6 +250,9 @@ class NetOptions:
     """One-way delay between client and server (ms; 0: none, no proxy)."""
     keep_client: bool = False
     """Keep the client mounted across cold runs (default: remounted, so its own caches start cold)."""
+    subtype: str = ""
+    """The client's FUSE subtype (its mount type becomes fuse.SUBTYPE; libfuse clients, sshfs and s3fs,
+    only): fastfs then knows nothing of the client and must find its shape by probing."""
 
     @classmethod
     def parse(cls, text: str) -> NetOptions:
@@ -263,16 +266,27 @@ class NetOptions:
                         raise ValueError
                 elif key == "keep" and sep:
                     out.keep_client = value not in ("0", "no", "false")
+                elif key == "subtype" and sep:
+                    if not re.fullmatch(r"[A-Za-z0-9_.-]+", value):
+                        raise ValueError
+                    out.subtype = value
                 else:
                     raise KeyError
             except KeyError:
-                raise ValueError(f"bad network source option {item!r}: use delay=MS or keep=0|1") from None
+                raise ValueError(
+                    f"bad network source option {item!r}: use delay=MS, keep=0|1 or subtype=NAME"
+                ) from None
             except ValueError:
                 raise ValueError(f"bad value in network source option {item!r}") from None
         return out
 
     def describe(self) -> str:
-        return f", {self.delay_ms:g} ms one-way delay" if self.delay_ms else ", loopback (no added delay)"
+        where = f", {self.delay_ms:g} ms one-way delay" if self.delay_ms else ", loopback (no added delay)"
+        return where + (f", mounted as fuse.{self.subtype}" if self.subtype else "")
+
+    def client_options(self) -> list[str]:
+        """Extra ``-o`` options of a libfuse client's mount command."""
+        return ["-o", f"subtype={self.subtype}"] if self.subtype else []
 
 
 @dataclass
@@ -428,6 +442,9 @@ def rclone_source(data_dir: str, mnt: str, options: NetOptions | None = None) ->
                 os.makedirs(mnt, exist_ok=True)
                 client_log = os.path.join(work, "rclone-client.log")
 
+                if options.subtype:
+                    raise RuntimeError("rclone mount cannot be given another FUSE subtype (sshfs and s3fs can)")
+
                 def mount() -> subprocess.Popen:
                     cmd = [*base, "mount", "src:", mnt, "--vfs-cache-mode", "off", "--read-only"]
                     return _spawn([*cmd, "--log-file", client_log], client_log)
@@ -526,6 +543,7 @@ def sshfs_source(data_dir: str, mnt: str, options: NetOptions | None = None) -> 
 
                 def mount() -> subprocess.Popen:
                     cmd = ["sshfs", f"fastfs-bench:{data_dir}", mnt, "-f", "-F", ssh_conf, "-o", "ro"]
+                    cmd += options.client_options()
                     return _spawn(cmd, client_log)
 
                 def sftp_pids() -> list[int]:
@@ -641,7 +659,8 @@ def s3fs_source(
                 opts = f"url=http://127.0.0.1:{client_port},use_path_request_style,passwd_file={passwd},ro"
 
                 def mount() -> subprocess.Popen:
-                    return _spawn(["s3fs", S3_BUCKET, mnt, "-f", "-o", opts], client_log, env)
+                    cmd = ["s3fs", S3_BUCKET, mnt, "-f", "-o", opts, *options.client_options()]
+                    return _spawn(cmd, client_log, env)
 
                 src = NetSource(
                     "s3fs",

@@ -41,7 +41,9 @@ def test_storage_specs_parse_and_reject():
     opts = specs[1].net_options()
     assert (opts.delay_ms, opts.keep_client) == (2.0, True)
     assert specs[3].behaviour().latency_ms == 5.0 and not specs[3].behaviour().parallel_dirops
-    for bad in ("nfs", "rclone:delay=x", "rclone:speed=3", "emu:lat=x", "sshfs:delay=-1"):
+    opts = parse_storages(["s3fs:subtype=objstore,delay=1"])[0].net_options()
+    assert (opts.subtype, opts.delay_ms, opts.client_options()) == ("objstore", 1.0, ["-o", "subtype=objstore"])
+    for bad in ("nfs", "rclone:delay=x", "rclone:speed=3", "emu:lat=x", "sshfs:delay=-1", "sshfs:subtype=a b"):
         with pytest.raises(ValueError):
             parse_storages([bad])
 
@@ -132,8 +134,13 @@ def test_network_source_reads_exact_bytes_counts_and_tears_down(tmp_path, kind):
         (data_dir / "sub" / f"f{i}").write_bytes(DATA[i * 1000 : i * 1000 + 3000])
     mnt = tmp_path / "mnt"
     kwargs = {"paths": ["big.bin", "sub"]} if kind == "s3fs" else {}
-    with netsources.SOURCES[kind](str(data_dir), str(mnt), netsources.NetOptions(), **kwargs) as src:
+    options = netsources.NetOptions(subtype="" if kind == "rclone" else "benchclient")
+    with netsources.SOURCES[kind](str(data_dir), str(mnt), options, **kwargs) as src:
         work = src.work
+        if options.subtype:  # mounted as a client fastfs does not know
+            from fastfs.fsio.source import read_mount_type
+
+            assert read_mount_type(str(mnt)) == "fuse.benchclient"
         before = src.counters()
         with open(mnt / "big.bin", "rb") as f:
             assert f.read() == DATA
