@@ -53,7 +53,11 @@ The open walk (the engine's side is in :mod:`fastfs.fsio.opening`, which decides
 (``FUSE_DEV_IOC_BACKING_OPEN``) so reads and mmap go straight to that file and never reach the
 daemon. The node table keeps the route and backing id while a node has open handles; an id of the
 source file stays registered after the last release, for the node's next open (bounded; closed when
-the node is forgotten, see :mod:`fastfs.daemon.nodes`), a disk-tier copy's is closed then.
+the node is forgotten, see :mod:`fastfs.daemon.nodes`), a disk-tier copy's is closed then. With the
+native request loop, the random reads of a served handle may be answered by the loop itself once the
+engine offers the handle (``direct``: ``_loop.Direct``; the engine's rule, :mod:`fastfs.fsio.readpath`):
+a read that reaches :meth:`KernelOps.read` first hands the engine what the loop served of its handle,
+and after it the engine is asked again; a release or a watchdog answer takes the handle back.
 
 Control channel: the ``/.fastfs`` directory (:mod:`fastfs.daemon.controlfs`) and the
 ``user.fastfs.*`` extended attributes (stats, warm jobs, cache reports, evictions), both answered by
@@ -427,8 +431,8 @@ class KernelOps:
         if direct is None:
             self.engine.read_into(fh, offset, dest, None, None, parts)  # (positional: no keyword parsing)
             return parts.views  # RAM blocks and source bytes in file order, sent by one writev
-        # the loop sent this read here: what it served of the handle is counted (and seen by the
-        # policy) first; then the engine says whether it may answer the handle's next reads itself
+        # what the loop served of the handle is counted (and seen by the policy) first; then the
+        # engine says whether the loop may answer the handle's next reads itself
         tally = direct.take(fh)
         if tally is not None:
             self.engine.direct_served(fh, DirectTally(*tally))
@@ -670,7 +674,7 @@ class KernelOps:
             kernel["max_read"] = negotiated.max_read
         kernel["nodes"] = len(self.nodes)
         kernel["lookups_in_flight_max"] = self.lookups_max
-        # handles whose random reads the loop answers itself now (None: it answers none, see fuse.direct_reads)
+        # handles whose random reads the loop may answer itself (None: it answers none, fuse.direct_reads)
         kernel["direct_handles"] = None if self.direct is None else len(self.direct)
         return {"kernel": kernel}
 
