@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -100,3 +101,24 @@ def test_one_round_measures_every_contender(tmp_path, capsys):
     assert "libfuse C example (`-o cache=always`)" in printed
     with open("/proc/self/mountinfo") as f:
         assert MOUNT_ROOT not in f.read()  # every contender unmounted
+
+
+@needs_fuse
+def test_probe_hop_reads_over_sshfs_through_the_reference_and_fastfs(tmp_path, capsys):
+    """probe_hop.py's whole run, small: sshfs to a loopback sshd, libfuse's example and fastfs over it;
+    it prints a time per contender and how many reads fastfs's loop answered, and leaves no mount."""
+    from benchkit import netsources
+
+    if any(shutil.which(t) is None and not os.path.exists(t) for t in ("sshfs", netsources.SSHD, "unshare")):
+        pytest.skip("sshfs is not installed (make bench-deps)")
+    cache = str(tmp_path / "cache")
+    _reference(cache)
+    import probe_hop
+
+    assert probe_hop.main(["--count", "40", "--rounds", "1", "--mib", "4", "--cache-dir", cache]) == 0
+    out = capsys.readouterr().out
+    for name in ("direct", "libfuse", "fastfs"):
+        assert f"  {name} " in out, out
+    assert "answered" in out and "of 40 reads itself" in out, out
+    with open("/proc/self/mounts") as f:
+        assert "probe-hop." not in f.read()  # its three mounts are gone
