@@ -156,10 +156,9 @@ class ReadPath:
         self.readahead = readahead  # replaced whole by reconfigure
         self.trace = trace
         # handles whose direct reads were answered by the kernel layer's watchdog while their pread ran
-        # on: fh -> (its entry, such reads still out); and fh -> such reads that returned before they
-        # were counted (the kernel layer tells both from two threads); both guarded by _stuck_lock
-        self._stuck_direct: dict[int, tuple[FileEntry, int]] = {}
-        self._returned_early: dict[int, int] = {}
+        # on: fh -> (its entry, such reads counted stuck less those returned; negative: returned before
+        # they were counted, the kernel layer tells both from two threads); guarded by _stuck_lock
+        self._stuck_direct: dict[int, tuple[FileEntry | None, int]] = {}
         self._stuck_lock = threading.Lock()
 
     def reconfigure(self, readahead: ReadaheadConfig) -> None:
@@ -210,40 +209,34 @@ class ReadPath:
         """*count* direct reads of handle *fh* still ran at the source when the kernel layer's watchdog
         answered one of the handle's reads: stuck reads of the file (*entry*; None: released, nothing to
         count) until each returns (:meth:`direct_unstuck`; one that returned already is not counted)."""
+        if entry is None:
+            return
         with self._stuck_lock:
-            early = self._returned_early.pop(fh, 0)
-            if early > count:
-                self._returned_early[fh] = early - count
-            count -= min(early, count)
-            if count <= 0 or entry is None:
-                return
-            held = self._stuck_direct.get(fh)
-            self._stuck_direct[fh] = (entry, count + (held[1] if held else 0))
-        for _ in range(count):
+            out = self._stuck_direct.pop(fh, (None, 0))[1]
+            if out + count:
+                self._stuck_direct[fh] = (entry, out + count)
+        for _ in range(max(0, out + count) - max(0, out)):  # (those not returned already)
             self.fills.abandoned_elsewhere(entry)
 
     def direct_unstuck(self, fh: int) -> None:
         """One of handle *fh*'s stuck direct reads returned (perhaps before :meth:`direct_stuck` counted it)."""
         with self._stuck_lock:
-            held = self._stuck_direct.get(fh)
-            if held is None:
-                self._returned_early[fh] = self._returned_early.get(fh, 0) + 1
-                return
-            entry, count = held
-            if count > 1:
-                self._stuck_direct[fh] = (entry, count - 1)
-            else:
+            entry, out = self._stuck_direct.get(fh, (None, 0))
+            if out == 1:
                 del self._stuck_direct[fh]
-        self.fills.inline_done(entry)
+            else:
+                self._stuck_direct[fh] = (entry, out - 1)
+        if out > 0 and entry is not None:  # (a read counted stuck)
+            self.fills.inline_done(entry)
 
     def direct_served(self, entry: FileEntry, tally: DirectTally) -> None:
         """Count the reads the kernel layer served of *entry* and feed its last ones to the policy."""
         if tally.reads:
             self.stats.direct(tally.reads, tally.nbytes, tally.seconds, tally.latency, tally.sizes)
             self.account_file(entry, tally.nbytes, tally.nbytes)
-        # each read served there joined no stream (the windows and the reads before it say so): a new
-        # random stream each, as this path counts them
-        self.stats.add(m.RANDOM_STREAMS, tally.reads)
+            # each read served there joined no stream (the windows and the reads before it say so): a
+            # new random stream each, as this path counts them
+            self.stats.add(m.RANDOM_STREAMS, tally.reads)
         if tally.ring and self.readahead.enabled:
             with entry.lock:
                 policy = entry.reads.policy

@@ -331,15 +331,14 @@ static int direct_read(Direct *d, uint64_t fh, uint64_t off, uint32_t size, char
     }
     e->in_use++;
     int fd = e->fd;
-    size_t want = size;
     pthread_mutex_unlock(&d->lock);
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     size_t total = 0;
     int failed = 0;
-    while (total < want) {
-        ssize_t r = pread(fd, buf + total, want - total, (off_t)(off + total));
+    while (total < size) {
+        ssize_t r = pread(fd, buf + total, size - total, (off_t)(off + total));
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
@@ -375,7 +374,7 @@ static int direct_read(Direct *d, uint64_t fh, uint64_t off, uint32_t size, char
             bits++;
         e->size_counts[bits < SIZE_BITS ? bits : SIZE_BITS - 1]++;
         e->ring_off[e->ring_next] = off;
-        e->ring_len[e->ring_next] = (uint32_t)want;
+        e->ring_len[e->ring_next] = size;
         e->ring_next = (e->ring_next + 1) % DIRECT_RING;
         if (e->ring_n < DIRECT_RING)
             e->ring_n++;
@@ -385,6 +384,18 @@ static int direct_read(Direct *d, uint64_t fh, uint64_t off, uint32_t size, char
         direct_free(e);
     *n = total;
     return !failed;
+}
+
+/* *obj* as a fast sequence of at most *max* items (a new reference), or NULL with an exception set. */
+static PyObject *bounded_sequence(PyObject *obj, Py_ssize_t max, const char *what)
+{
+    PyObject *seq = PySequence_Fast(obj, what);
+    if (seq != NULL && PySequence_Fast_GET_SIZE(seq) > max) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "%s: at most %zd items", what, max);
+        return NULL;
+    }
+    return seq;
 }
 
 static PyObject *Direct_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -397,20 +408,18 @@ static PyObject *Direct_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "IKKKO|O", kwlist, &max_read, &reorder, &page, &max_slack, &bounds,
                                      &on_unstuck))
         return NULL;
-    PyObject *seq = PySequence_Fast(bounds, "latency_bounds must be a sequence");
+    PyObject *seq = bounded_sequence(bounds, DIRECT_BOUNDS, "latency_bounds must be a sequence");
     if (seq == NULL)
         return NULL;
     Py_ssize_t nb = PySequence_Fast_GET_SIZE(seq);
-    if (nb > DIRECT_BOUNDS) {
-        Py_DECREF(seq);
-        PyErr_SetString(PyExc_ValueError, "too many latency bounds");
-        return NULL;
-    }
     Direct *self = (Direct *)type->tp_alloc(type, 0); /* (zeroed: no entries) */
     if (self == NULL) {
         Py_DECREF(seq);
         return NULL;
     }
+    pthread_mutex_init(&self->lock, NULL); /* (first: the dealloc of a failed construction destroys it) */
+    Py_INCREF(on_unstuck);
+    self->on_unstuck = on_unstuck;
     for (Py_ssize_t i = 0; i < nb; i++) {
         double s = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
         if (s == -1.0 && PyErr_Occurred()) {
@@ -421,14 +430,11 @@ static PyObject *Direct_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         self->bounds_ns[i] = (uint64_t)(s * 1e9);
     }
     Py_DECREF(seq);
-    pthread_mutex_init(&self->lock, NULL);
     self->nbounds = (int)nb;
     self->max_read = max_read;
     self->reorder = reorder;
     self->page = page;
     self->max_slack = max_slack;
-    Py_INCREF(on_unstuck);
-    self->on_unstuck = on_unstuck;
     return (PyObject *)self;
 }
 
@@ -464,75 +470,75 @@ static void direct_unstuck(Direct *d, uint64_t fh)
     Py_DECREF(arg);
 }
 
-/* The tally of *e* (and its ring when *ring*) as a tuple, reset (lock held; nothing but C here). */
-static void tally_take(struct direct_entry *e, int ring, uint64_t *out_scalars, uint64_t *lat, uint64_t *sizes,
-                       uint64_t *roff, uint32_t *rlen, int *rn)
+/* What a handle served since the last take: reads, bytes, nanoseconds of pread, latency and size
+ * counts, and (for a take) its ring, oldest first. */
+struct tally_buf {
+    uint64_t reads, bytes, lat_ns, lat[DIRECT_BOUNDS + 1], sizes[SIZE_BITS], roff[DIRECT_RING];
+    uint32_t rlen[DIRECT_RING];
+    int rn;
+};
+
+/* Move *e*'s tally (and its ring when *ring*) into *t* (lock held; nothing but C here). */
+static void tally_take(struct direct_entry *e, int ring, struct tally_buf *t)
 {
-    out_scalars[0] = e->reads;
-    out_scalars[1] = e->bytes;
-    out_scalars[2] = e->lat_ns;
-    memcpy(lat, e->lat_counts, sizeof e->lat_counts);
-    memcpy(sizes, e->size_counts, sizeof e->size_counts);
+    t->reads = e->reads;
+    t->bytes = e->bytes;
+    t->lat_ns = e->lat_ns;
+    memcpy(t->lat, e->lat_counts, sizeof e->lat_counts);
+    memcpy(t->sizes, e->size_counts, sizeof e->size_counts);
     e->reads = e->bytes = e->lat_ns = 0;
     memset(e->lat_counts, 0, sizeof e->lat_counts);
     memset(e->size_counts, 0, sizeof e->size_counts);
-    *rn = 0;
+    t->rn = 0;
     if (ring) {
         int n = e->ring_n, first = (e->ring_next - n + DIRECT_RING) % DIRECT_RING;
         for (int i = 0; i < n; i++) {
-            roff[i] = e->ring_off[(first + i) % DIRECT_RING];
-            rlen[i] = e->ring_len[(first + i) % DIRECT_RING];
+            t->roff[i] = e->ring_off[(first + i) % DIRECT_RING];
+            t->rlen[i] = e->ring_len[(first + i) % DIRECT_RING];
         }
-        *rn = n;
+        t->rn = n;
         e->ring_n = e->ring_next = 0;
     }
 }
 
 /* (reads, bytes, seconds, latency counts, {size bits: count}, ((offset, length), ...)) */
-static PyObject *tally_tuple(Direct *d, const uint64_t *sc, const uint64_t *lat, const uint64_t *sizes,
-                             const uint64_t *roff, const uint32_t *rlen, int rn)
+static PyObject *tally_tuple(Direct *d, const struct tally_buf *t)
 {
     PyObject *lats = PyTuple_New(d->nbounds + 1);
     PyObject *szs = PyDict_New();
-    PyObject *ring = PyTuple_New(rn);
+    PyObject *ring = PyTuple_New(t->rn);
     if (lats == NULL || szs == NULL || ring == NULL)
         goto fail;
     for (int i = 0; i <= d->nbounds; i++) {
-        PyObject *v = PyLong_FromUnsignedLongLong(lat[i]);
+        PyObject *v = PyLong_FromUnsignedLongLong(t->lat[i]);
         if (v == NULL)
             goto fail;
         PyTuple_SET_ITEM(lats, i, v);
     }
     for (int i = 0; i < SIZE_BITS; i++) {
-        if (!sizes[i])
+        if (!t->sizes[i])
             continue;
-        PyObject *k = PyLong_FromLong(i), *v = PyLong_FromUnsignedLongLong(sizes[i]);
+        PyObject *k = PyLong_FromLong(i), *v = PyLong_FromUnsignedLongLong(t->sizes[i]);
         int r = k == NULL || v == NULL ? -1 : PyDict_SetItem(szs, k, v);
         Py_XDECREF(k);
         Py_XDECREF(v);
         if (r < 0)
             goto fail;
     }
-    for (int i = 0; i < rn; i++) {
-        PyObject *pair = Py_BuildValue("(KI)", (unsigned long long)roff[i], (unsigned int)rlen[i]);
+    for (int i = 0; i < t->rn; i++) {
+        PyObject *pair = Py_BuildValue("(KI)", (unsigned long long)t->roff[i], (unsigned int)t->rlen[i]);
         if (pair == NULL)
             goto fail;
         PyTuple_SET_ITEM(ring, i, pair);
     }
-    return Py_BuildValue("(KKdNNN)", (unsigned long long)sc[0], (unsigned long long)sc[1], (double)sc[2] * 1e-9,
-                         lats, szs, ring);
+    return Py_BuildValue("(KKdNNN)", (unsigned long long)t->reads, (unsigned long long)t->bytes,
+                         (double)t->lat_ns * 1e-9, lats, szs, ring);
 fail:
     Py_XDECREF(lats);
     Py_XDECREF(szs);
     Py_XDECREF(ring);
     return NULL;
 }
-
-struct tally_buf {
-    uint64_t sc[3], lat[DIRECT_BOUNDS + 1], sizes[SIZE_BITS], roff[DIRECT_RING];
-    uint32_t rlen[DIRECT_RING];
-    int rn;
-};
 
 static PyObject *Direct_add(Direct *self, PyObject *args)
 {
@@ -541,15 +547,10 @@ static PyObject *Direct_add(Direct *self, PyObject *args)
     PyObject *windows;
     if (!PyArg_ParseTuple(args, "KiKO", &fh, &fd, &size, &windows))
         return NULL;
-    PyObject *seq = PySequence_Fast(windows, "windows must be a sequence of (low, high)");
+    PyObject *seq = bounded_sequence(windows, DIRECT_WINDOWS, "windows must be a sequence of (low, high)");
     if (seq == NULL)
         return NULL;
     Py_ssize_t nw = PySequence_Fast_GET_SIZE(seq);
-    if (nw > DIRECT_WINDOWS) {
-        Py_DECREF(seq);
-        PyErr_SetString(PyExc_ValueError, "too many windows");
-        return NULL;
-    }
     uint64_t lo[DIRECT_WINDOWS], hi[DIRECT_WINDOWS];
     for (Py_ssize_t i = 0; i < nw; i++) {
         unsigned long long l, h;
@@ -618,7 +619,7 @@ static PyObject *direct_take_common(Direct *self, PyObject *arg, int remove, int
             return Py_BuildValue("(iO)", 0, Py_None);
         Py_RETURN_NONE;
     }
-    tally_take(e, 1, t.sc, t.lat, t.sizes, t.roff, t.rlen, &t.rn);
+    tally_take(e, 1, &t);
     if (abandon) {
         stuck = e->in_use - e->stuck;
         e->stuck = e->in_use;
@@ -635,10 +636,10 @@ static PyObject *direct_take_common(Direct *self, PyObject *arg, int remove, int
     if (freed != NULL)
         direct_free(freed);
     PyObject *tally;
-    if (!t.sc[0] && !t.rn) {
+    if (!t.reads && !t.rn) {
         Py_INCREF(Py_None);
         tally = Py_None;
-    } else if ((tally = tally_tuple(self, t.sc, t.lat, t.sizes, t.roff, t.rlen, t.rn)) == NULL) {
+    } else if ((tally = tally_tuple(self, &t)) == NULL) {
         return NULL;
     }
     return abandon ? Py_BuildValue("(iN)", stuck, tally) : tally;
@@ -663,7 +664,7 @@ static PyObject *Direct_drain(Direct *self, PyObject *unused)
             for (struct direct_entry *e = self->buckets[b]; e != NULL; e = e->next) {
                 if (e->reads) {
                     fh = e->fh;
-                    tally_take(e, 0, t.sc, t.lat, t.sizes, t.roff, t.rlen, &t.rn);
+                    tally_take(e, 0, &t);
                     found = 1;
                     break;
                 }
@@ -671,7 +672,7 @@ static PyObject *Direct_drain(Direct *self, PyObject *unused)
             pthread_mutex_unlock(&self->lock);
             if (!found)
                 break;
-            PyObject *tally = tally_tuple(self, t.sc, t.lat, t.sizes, t.roff, t.rlen, 0);
+            PyObject *tally = tally_tuple(self, &t);
             PyObject *item = tally == NULL ? NULL : Py_BuildValue("(KN)", (unsigned long long)fh, tally);
             if (item == NULL || PyList_Append(out, item) < 0) {
                 Py_XDECREF(item);
