@@ -161,6 +161,12 @@ class FuseConfig:
     engine's Python (the native loop only; reads near a stream, of files with a format plan, head
     windows, a disk tier copy or stuck reads still go through the engine, which decides per handle).
     Off: every read goes through the engine (a comparison, or a fault in the native path)."""
+    late_release: bool = True
+    """The request loop answers RELEASE (a close) at once and the daemon does its bookkeeping a few
+    milliseconds later, in batches: the kernel never waits for that answer, but the reader's next open
+    waited for the thread doing it (the native loop only). A closed file's handle is then given back
+    up to fastfs.daemon.kernel.session.LATER_BATCH later; stats wait for it. Off: each RELEASE is
+    served by its handler at once."""
     request_timeout: float = 60.0
     """Seconds a metadata request (lookup, getattr, open, readdir, xattr) may wait for the source
     before it fails with EIO and its thread is replaced, so a hung source cannot stall the mount

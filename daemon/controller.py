@@ -79,8 +79,10 @@ class Controller:
         mount_info: dict[str, Any] | None = None,
         owner_uid: int | None = None,
         extra: Callable[[], dict[str, Any]] | None = None,
+        settle: Callable[[], object] | None = None,
     ) -> None:
         self.engine = engine
+        self.settle = settle  # run before each snapshot: work the kernel connection left for later (releases)
         self.mount_info = dict(mount_info or {})
         self.extra = extra  # more sections of the snapshot from the adapter (no paths in them)
         self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
@@ -97,6 +99,8 @@ class Controller:
 
     def snapshot(self, caller: Caller | None = None) -> dict[str, Any]:
         """Engine snapshot plus the mount's identity, redacted unless *caller* sees everything."""
+        if self.settle is not None:
+            self.settle()
         snap = self.engine.snapshot(STATS_TOP_FILES)
         snap["mount"] = {
             "source": self.mount_info.get("source", ""),

@@ -295,6 +295,7 @@ class Daemon:
                 read_timeout=self.config.readahead.read_timeout,
                 on_abandon=self.ops.abandoned,
                 direct=self.ops.direct_table(),
+                late_release=fc.late_release,
             )
             assert self.engine is not None  # (_start_engine ran first)
             self.engine.inline_reads = True  # the watchdog bounds a read that hangs on its own thread

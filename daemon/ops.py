@@ -163,7 +163,7 @@ class KernelOps:
         own = self._ownership = ownership.Ownership.from_config(fc)  # also how ACL xattrs are shown
         translate = None if own is None else functools.partial(ownership.translate, own=own)
         self.replies = Replies(fc.entry_timeout, fc.attr_timeout, fc.negative_ttl, translate, fc.dir_timeout)
-        self.control = Controller(engine, self.mount_info, extra=self._kernel_section)
+        self.control = Controller(engine, self.mount_info, extra=self._kernel_section, settle=self._run_late)
         self.controlfs = ControlFS(self.control, self.no_open, fc.allow_other, self._invalidate_stats)
         self.listings = Listings(self._fetch_listing)
         self.negatives = Negatives()  # the names answered absent, per directory node
@@ -661,6 +661,11 @@ class KernelOps:
     def snapshot(self) -> dict[str, Any]:
         """The complete snapshot (metrics, status lines): engine, mount identity, kernel connection."""
         return self.control.snapshot()
+
+    def _run_late(self) -> None:
+        """The RELEASEs the loop answered and kept are served first: a snapshot counts no closed handle."""
+        if self.session is not None:
+            self.session.run_late()
 
     def _kernel_section(self) -> dict[str, Any]:
         if self.session is None:

@@ -19,7 +19,8 @@
  * is no Exception escapes a handler (raised again, as the Python loop lets it).
  *
  * No policy lives here: no opcode is answered without its Python handler, with one exception the
- * engine grants per handle, the direct reads below.
+ * engine grants per handle, the direct reads below; a RELEASE may be answered before its handler
+ * runs (late releases, Later, below), but its handler still runs.
  *
  * Direct reads (Direct). A READ of a handle the engine has handed over (Direct.add: its own
  * descriptor, the version's size, the windows where a read would join one of the file's streams) is
@@ -222,6 +223,201 @@ static PyTypeObject ReadersType = {
     .tp_methods = Readers_methods,
 };
 
+
+/* -- late releases (Later) ------------------------------------------------------------------------
+ *
+ * The kernel sends RELEASE after close() has returned and never waits for its reply, yet a worker
+ * serving it holds the GIL while the reader's next OPEN arrives: the OPEN's worker then waits for the
+ * GIL, a futex wake and a context switch on the latency path. With a Later, the loop answers a
+ * RELEASE at once and keeps the request (header and body, LATER_RECORD bytes at most); a Python
+ * thread of the session runs the RELEASE handler on them later, in batches (Later.wait, Later.take).
+ * The handler still sees every RELEASE, only later: no policy lives here. A full queue (`cap`
+ * records) or a closed one takes no more: the loop then calls the handler as before. `lock` is never
+ * held across I/O or a Python call. */
+#define OP_RELEASE 18
+/* Bytes of one kept request: the header (40) and struct fuse_release_in (24). */
+#define LATER_RECORD 64
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t lock;
+    pthread_cond_t cond;     /* signalled when a record comes or the queue closes */
+    char *records;           /* count records of LATER_RECORD bytes (lock) */
+    Py_ssize_t count;        /* (lock) */
+    Py_ssize_t cap;          /* records at most (immutable) */
+    int closed;              /* no record is taken any more (lock) */
+} Later;
+
+/* Keep the request *req* (*length* bytes): 1, or 0 when the queue is full, closed or it does not fit. */
+static int later_push(Later *l, const char *req, size_t length)
+{
+    if (length > LATER_RECORD)
+        return 0;
+    pthread_mutex_lock(&l->lock);
+    if (l->closed || l->count >= l->cap) {
+        pthread_mutex_unlock(&l->lock);
+        return 0;
+    }
+    char *record = l->records + l->count * LATER_RECORD;
+    memcpy(record, req, length);
+    memset(record + length, 0, LATER_RECORD - length);
+    if (l->count++ == 0)
+        pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+    return 1;
+}
+
+static PyObject *Later_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t cap;
+    static char *kwlist[] = {"cap", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", kwlist, &cap))
+        return NULL;
+    if (cap < 1 || cap > PY_SSIZE_T_MAX / LATER_RECORD) {
+        PyErr_SetString(PyExc_ValueError, "cap out of range");
+        return NULL;
+    }
+    char *records = malloc((size_t)cap * LATER_RECORD);
+    if (records == NULL)
+        return PyErr_NoMemory();
+    Later *self = (Later *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        free(records);
+        return NULL;
+    }
+    pthread_mutex_init(&self->lock, NULL);
+    pthread_cond_init(&self->cond, NULL);
+    self->records = records;
+    self->count = 0;
+    self->cap = cap;
+    self->closed = 0;
+    return (PyObject *)self;
+}
+
+static void Later_dealloc(Later *self)
+{
+    pthread_cond_destroy(&self->cond);
+    pthread_mutex_destroy(&self->lock);
+    free(self->records);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* wait(timeout): block (without the GIL) until a record is kept or the queue closes, at most
+ * *timeout* seconds (None: no bound). True when records wait; False when none does (closed, or the
+ * time ran out). */
+static PyObject *Later_wait(Later *self, PyObject *arg)
+{
+    double timeout = -1.0;
+    if (arg != Py_None) {
+        timeout = PyFloat_AsDouble(arg);
+        if (timeout == -1.0 && PyErr_Occurred())
+            return NULL;
+        if (timeout < 0)
+            timeout = 0;
+    }
+    struct timespec deadline;
+    if (timeout >= 0) {
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        double whole = (double)(time_t)timeout;
+        deadline.tv_sec += (time_t)timeout;
+        deadline.tv_nsec += (long)((timeout - whole) * 1e9);
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    Py_ssize_t count;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->lock);
+    while (self->count == 0 && !self->closed) {
+        if (timeout < 0)
+            pthread_cond_wait(&self->cond, &self->lock);
+        else if (pthread_cond_timedwait(&self->cond, &self->lock, &deadline) == ETIMEDOUT)
+            break;
+    }
+    count = self->count;
+    pthread_mutex_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(count > 0);
+}
+
+/* take(): the kept requests, oldest first, as bytes (the queue is empty after). */
+static PyObject *Later_take(Later *self, PyObject *unused)
+{
+    pthread_mutex_lock(&self->lock);
+    Py_ssize_t count = self->count;
+    char *copy = count ? malloc((size_t)count * LATER_RECORD) : NULL;
+    if (copy != NULL) {
+        memcpy(copy, self->records, (size_t)count * LATER_RECORD);
+        self->count = 0;
+    }
+    pthread_mutex_unlock(&self->lock);
+    if (count && copy == NULL)
+        return PyErr_NoMemory(); /* (the records stay: a later take gets them) */
+    PyObject *list = PyList_New(count);
+    for (Py_ssize_t i = 0; list != NULL && i < count; i++) {
+        const char *record = copy + i * LATER_RECORD;
+        uint32_t length;
+        memcpy(&length, record, sizeof length); /* in_header.len */
+        PyObject *item = PyBytes_FromStringAndSize(record, length <= LATER_RECORD ? length : LATER_RECORD);
+        if (item == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, i, item);
+    }
+    free(copy);
+    return list;
+}
+
+/* close(): take no more records and wake the waiters (the kept ones stay for take). */
+static PyObject *Later_close(Later *self, PyObject *unused)
+{
+    pthread_mutex_lock(&self->lock);
+    self->closed = 1;
+    pthread_cond_broadcast(&self->cond);
+    pthread_mutex_unlock(&self->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Later_keep(Later *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int kept = later_push(self, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(kept);
+}
+
+static Py_ssize_t Later_len(Later *self)
+{
+    pthread_mutex_lock(&self->lock);
+    Py_ssize_t count = self->count;
+    pthread_mutex_unlock(&self->lock);
+    return count;
+}
+
+static PyMethodDef Later_methods[] = {
+    {"wait", (PyCFunction)Later_wait, METH_O, "wait(timeout): True when kept requests wait (None: no bound)."},
+    {"take", (PyCFunction)Later_take, METH_NOARGS, "take(): the kept requests (bytes), oldest first."},
+    {"close", (PyCFunction)Later_close, METH_NOARGS, "close(): keep no more requests; wake the waiters."},
+    {"keep", (PyCFunction)Later_keep, METH_O, "keep(request): keep it as the loop does (for tests); True if kept."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods Later_as_sequence = {.sq_length = (lenfunc)Later_len};
+
+static PyTypeObject LaterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fastfs.daemon.kernel._loop.Later",
+    .tp_doc = PyDoc_STR("Later(cap): RELEASE requests answered by the loop, for their handler to run later."),
+    .tp_basicsize = sizeof(Later),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Later_new,
+    .tp_dealloc = (destructor)Later_dealloc,
+    .tp_methods = Later_methods,
+    .tp_as_sequence = &Later_as_sequence,
+};
 
 /* -- direct reads (see the comment at the top) ----------------------------------------------------
  *
@@ -946,8 +1142,8 @@ PyDoc_STRVAR(serve_doc,
 
 static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "serve() takes 11 arguments");
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "serve() takes 12 arguments");
         return NULL;
     }
     if (!PyObject_TypeCheck(args[9], &ReadersType)) {
@@ -958,6 +1154,11 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_TypeError, "direct must be a Direct or None");
         return NULL;
     }
+    if (args[11] != Py_None && !PyObject_TypeCheck(args[11], &LaterType)) {
+        PyErr_SetString(PyExc_TypeError, "later must be a Later or None");
+        return NULL;
+    }
+    Later *later = args[11] == Py_None ? NULL : (Later *)args[11];
     Readers *places = (Readers *)args[9];
     Direct *direct = args[10] == Py_None ? NULL : (Direct *)args[10];
     char *rbuf = NULL; /* the answers of direct reads (max_read bytes) */
@@ -1076,6 +1277,13 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
                     reply_failed(on_reply_error, code);
             }
             Py_DECREF(opcode);
+            continue;
+        }
+        if (op == OP_RELEASE && later != NULL && later_push(later, buf, length)) {
+            Py_DECREF(opcode); /* (kept before the answer: whoever takes the queue after it sees it) */
+            int code = write_reply(fd, unique, 0, NULL, 0);
+            if (code)
+                reply_failed(on_reply_error, code);
             continue;
         }
         if (set_int(request, s_unique, unique) < 0 || PyObject_SetAttr(request, s_opcode, opcode) < 0 ||
@@ -1243,7 +1451,7 @@ PyMODINIT_FUNC PyInit__loop(void)
         if (*names[i].slot == NULL)
             return NULL;
     }
-    if (PyType_Ready(&ReadersType) < 0 || PyType_Ready(&DirectType) < 0)
+    if (PyType_Ready(&ReadersType) < 0 || PyType_Ready(&DirectType) < 0 || PyType_Ready(&LaterType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
@@ -1260,7 +1468,14 @@ PyMODINIT_FUNC PyInit__loop(void)
         Py_DECREF(module);
         return NULL;
     }
-    if (PyModule_AddIntConstant(module, "DIRECT_RING", DIRECT_RING) < 0 ||
+    Py_INCREF(&LaterType);
+    if (PyModule_AddObject(module, "Later", (PyObject *)&LaterType) < 0) {
+        Py_DECREF(&LaterType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(module, "LATER_RECORD", LATER_RECORD) < 0 ||
+        PyModule_AddIntConstant(module, "DIRECT_RING", DIRECT_RING) < 0 ||
         PyModule_AddIntConstant(module, "DIRECT_WINDOWS", DIRECT_WINDOWS) < 0 ||
         PyModule_AddIntConstant(module, "SIZE_BITS", SIZE_BITS) < 0) {
         Py_DECREF(module);

@@ -19,6 +19,14 @@ one; the stats show which runs (``kernel.loop``). The native loop alone also ans
 handles the engine handed over to it (:attr:`Session.direct`, ``_loop.Direct``: random reads, one
 pread each, no handler; the C file says how and when a handle goes back to its handler).
 
+Late releases. The kernel sends RELEASE after close() has returned and never waits for its answer,
+but the worker serving it held the GIL while the reader's next OPEN arrived, and that OPEN's worker
+waited for it. With ``late_release`` the native loop answers a RELEASE at once and keeps the request
+(``_loop.Later``); the session's late thread runs the RELEASE handler on what was kept every
+:data:`LATER_BATCH` seconds, a batch at a time (:meth:`Session.run_late`), and so does anyone who
+needs the handles' counts exact first (the stats: :meth:`Session.run_late` waits for a batch being
+run). A full queue (:data:`LATER_CAP`) or the Python loop serves RELEASE at once, as before.
+
 Readers. At most :data:`SPARE_READERS` workers wait in the device read at once; the others park,
 each on a lock of its own (the native loop keeps these places in C: ``_loop.Readers``). A worker
 that takes the last reader's place (every reader now busy serving) wakes one parked worker first
@@ -130,6 +138,11 @@ REQUEST_SLACK = 64 * 1024
 ERROR_LOG_INTERVAL = 10.0
 # Invalidations queued beyond which new ones are dropped (a mass change is rare).
 MAX_PENDING_NOTIFICATIONS = 65536
+# Seconds the late thread lets answered RELEASEs gather before it runs their handler: one batch (one
+# hand-over of the GIL) per wake-up instead of one per close, and a handle given back this late at most.
+LATER_BATCH = 0.005
+# RELEASEs kept for their handler at most (64 bytes each); past it a RELEASE is served at once.
+LATER_CAP = 4096
 
 Handler = Callable[["Request", memoryview], Any]
 # An invalidation for the notifier: ("entry", parent node id, name) or ("inode", node id, offset, length).
@@ -253,6 +266,7 @@ class Session:
         on_abandon: Callable[[int, memoryview], None] | None = None,
         native: bool | None = None,
         direct: Any = None,
+        late_release: bool = False,
     ) -> None:
         self.fd = fd
         self.native = (use_native_loop() if native is None else native) and native_loop is not None
@@ -260,6 +274,15 @@ class Session:
         self.direct = direct if self.native else None
         """The handles whose reads the native loop answers itself (a ``_loop.Direct``, see the C file),
         or None (the Python loop, or none given): every READ goes to its handler."""
+        self.later = native_loop.Later(LATER_CAP) if self.native and late_release and native_loop else None
+        """RELEASEs the native loop answered and kept for their handler (a ``_loop.Later``), or None:
+        each RELEASE is served at once."""
+        self._late_lock = threading.Lock()  # held by whoever runs a batch of kept RELEASEs (never by a worker)
+        self._late_thread: threading.Thread | None = None
+        self._late_ending = threading.Event()  # the session is closing: the late thread runs the rest and ends
+        self._late_released = 0  # RELEASEs served late; guarded by _late_lock
+        # the worker named by the requests run late (a handler may look at it; nothing replies on it)
+        self._late_worker = Worker(fd, False, _HEADER_SIZE, mmap.PAGESIZE)
         # the native loop's reader places (its twin of _readers, _parked and _ending), or None
         self._places = native_loop.Readers(SPARE_READERS) if self.native and native_loop is not None else None
         self.handlers = handlers
@@ -328,6 +351,9 @@ class Session:
         self._send(self.fd, unique, 0, (negotiated.reply(),))
         self._watchdog = threading.Thread(target=self._watch, name=f"{self.name}-watchdog", daemon=True)
         self._watchdog.start()
+        if self.later is not None:
+            self._late_thread = threading.Thread(target=self._run_late_forever, name=f"{self.name}-late", daemon=True)
+            self._late_thread.start()
         return negotiated
 
     def _spawn(self) -> Worker | None:
@@ -391,12 +417,57 @@ class Session:
         request = Request(0, 0, 0, 0, 0, 0, worker)
         code = native_loop.serve(
             worker.fd, worker.buf, self.handlers, request, worker, NO_REPLY, abi.NO_REPLY_OPS,
-            self._handler_failed, self._reply_errno, self._places, self.direct,
+            self._handler_failed, self._reply_errno, self._places, self.direct, self.later,
         )  # fmt: skip
         if code:  # the device read ended the connection (ENODEV: unmounted or aborted; -1: end of file)
             self._end_readers()
             if code > 0 and code != errno.ENODEV:
                 log.error("reading the FUSE device failed: %s", os.strerror(code))
+
+    # -- late releases ---------------------------------------------------------------------------
+    def _run_late_forever(self) -> None:
+        later = self.later
+        assert later is not None
+        while later.wait(None):  # (False once closed and empty)
+            self._late_ending.wait(LATER_BATCH)  # (let a batch gather)
+            self.run_late()
+
+    def run_late(self) -> int:
+        """Run the RELEASE handler on every RELEASE the loop answered and kept, after any batch already
+        being run (so a caller that needs the handles' counts exact sees them); returns how many ran."""
+        later = self.later
+        if later is None:
+            return 0
+        with self._late_lock:
+            records = later.take()
+            if not records:
+                return 0
+            handler = self.handlers.get(Op.RELEASE)
+            worker = self._late_worker
+            for record in records:
+                _length, opcode, unique, nodeid, uid, gid, pid, _ext, _pad = _HEADER.unpack_from(record)
+                if handler is None:
+                    continue
+                request = Request(unique, opcode, nodeid, uid, gid, pid, worker)
+                try:
+                    handler(request, memoryview(record)[_HEADER_SIZE:])
+                    if request.after is not None:
+                        request.after()
+                except Exception as e:  # noqa: BLE001 - one failed release must not keep the others
+                    self._handler_failed(opcode, e)
+            self._late_released += len(records)
+            return len(records)
+
+    def _end_late(self) -> None:
+        """Keep no more RELEASEs, let the late thread run what was kept and end."""
+        if self.later is None:
+            return
+        self._late_ending.set()
+        self.later.close()
+        thread = self._late_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        self.run_late()
 
     def _handler_failed(self, opcode: int, e: BaseException) -> None:
         self._errors.error(opcode, "%s failed with %s: %s; answered EIO", _name(opcode), type(e).__name__, e)
@@ -640,6 +711,7 @@ class Session:
             "interrupts": self._interrupts,
             "abandoned_workers": abandoned,
             "workers": len(workers),
+            "late_releases": None if self.later is None else self._late_released,
         }
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -669,6 +741,7 @@ class Session:
         with self._lock:
             self._closed = True
         self._end_readers()
+        self._end_late()
         if self.notifier is not None:
             self.notifier.stop()
         self._stopped.set()

@@ -19,6 +19,7 @@ from kernelclient import FakeKernel, entry_attr, entry_nodeid, init_body, lookup
 
 from fastfs.config.loader import load_config
 from fastfs.daemon.kernel import abi
+from fastfs.daemon.kernel import session as session_mod
 from fastfs.daemon.kernel.abi import Op
 from fastfs.daemon.kernel.negotiate import Wishes
 from fastfs.daemon.kernel.session import SPARE_READERS, Session
@@ -67,6 +68,7 @@ class Served:
         no_open: bool = False,
         threads: int = 2,
         direct: bool = False,
+        late: bool = False,
     ):
         self.engine = engine
         self.ops = ops or KernelOps(engine, {"source": "SRC", "mountpoint": "/mnt/test"}, no_open=no_open)
@@ -78,6 +80,7 @@ class Served:
             threads=threads,
             request_timeout=request_timeout,
             direct=self.ops.direct_table() if direct else None,
+            late_release=late,
         )
         self.ops.session = self.session
         self.ops.attach_direct(self.session.direct)
@@ -361,6 +364,70 @@ def test_random_reads_go_to_the_loop_and_the_engine_still_sees_streams(tree: Pat
         s.release(node, fh)
         if direct is not None:
             assert len(direct) == 0  # a released handle is forgotten (its number may come back)
+    finally:
+        s.close()
+
+
+def open_handles(engine: Engine) -> int:
+    return engine.handles.counts()[0]
+
+
+def test_a_release_is_answered_at_once_and_served_late_in_batches(
+    tree: Path, request_loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With late releases the native loop answers RELEASE at once and the handle is given back when
+    the late thread runs the kept ones (or a snapshot, which runs them first, or the session's end);
+    a full queue serves the next RELEASE at once. The Python loop serves every RELEASE at once."""
+    monkeypatch.setattr(session_mod, "LATER_BATCH", 3600.0)  # the late thread never runs a batch here
+    monkeypatch.setattr(session_mod, "LATER_CAP", 2)
+    s = Served(make_engine(tree), late=True)
+    ended = False
+    try:
+        node = s.node("/data.bin")
+        handles = [s.open(node)[0] for _ in range(4)]
+        assert open_handles(s.engine) == 4
+        for fh in handles:
+            s.release(node, fh)  # answered (0) either way
+        if request_loop == "python":
+            assert s.session.later is None and open_handles(s.engine) == 0
+            return
+        later = s.session.later
+        assert later is not None and len(later) == 2  # the first two kept; the queue full, the rest served
+        assert open_handles(s.engine) == 2 and s.read(node, handles[3], 0, 10)[0] == errno.EBADF
+        assert s.read(node, handles[0], 0, 10) == (0, CONTENT[:10])  # (the kernel sends none: still open here)
+        snap = s.ops.snapshot()  # runs the kept releases first
+        assert snap["kernel"]["late_releases"] == 2 and snap["kernel"]["requests"]["release"] == 4
+        assert open_handles(s.engine) == 0 and len(later) == 0
+        assert s.read(node, handles[0], 0, 10)[0] == errno.EBADF
+        fh, _ = s.open(node)  # kept again, and given back when the session ends
+        s.release(node, fh)
+        assert len(later) == 1 and open_handles(s.engine) == 1
+        s.fk.close()
+        s.session.wait(5)
+        s.session.close()
+        ended = True
+        assert open_handles(s.engine) == 0 and len(later) == 0 and not later.keep(b"\0" * 64)
+    finally:
+        if ended:
+            s.engine.close()
+        else:
+            s.close()
+
+
+def test_the_late_thread_serves_kept_releases_soon(tree: Path, request_loop: str) -> None:
+    if request_loop == "python":
+        pytest.skip("the native loop keeps releases")
+    s = Served(make_engine(tree), late=True)
+    try:
+        node = s.node("/data.bin")
+        for _ in range(50):
+            fh, _ = s.open(node)
+            s.release(node, fh)
+        deadline = time.monotonic() + 5
+        while open_handles(s.engine) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert open_handles(s.engine) == 0
+        assert s.session.counters()["late_releases"] == 50
     finally:
         s.close()
 
