@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import logging
 import os
 import resource
@@ -59,10 +60,26 @@ MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Upper bound of one main-loop sleep, so queued signals are handled promptly even without a wake-up.
 MAIN_TICK = 1.0
+# Allocations between two collections of the youngest generation (CPython's default is 700). A request
+# allocates a few dozen objects and makes almost no cycles, so at the default a small-file pass ran a
+# collection every few files, each walking the young objects the node table and open versions keep:
+# 10-15% of the engine's time per file (measured in process, tmpfs, 37-38 us against 41-45 us per
+# lookup + open + release). Cycles are still collected, just in larger, rarer batches.
+GC_YOUNG_THRESHOLD = 50_000
 
 
 class MountError(Exception):
     """A one-line reason the mount cannot start."""
+
+
+def tune_gc() -> None:
+    """Collect cycles less often (:data:`GC_YOUNG_THRESHOLD`) and leave out of every collection the
+    objects alive once the daemon started (modules, config, the engine's structures): a daemon's
+    collections then walk only what its requests made."""
+    gc.collect()
+    gc.freeze()
+    _young, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -442,6 +459,7 @@ class Daemon:
         raise_fd_limit()
         self.readiness.stage(f"opening the source {self.source}")
         self._start_engine()
+        tune_gc()
         try:
             self._start_metrics()
             self._install_signals()

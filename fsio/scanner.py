@@ -372,8 +372,8 @@ class Scanner:
     def on_open(self, path: str, size: int) -> None:
         """Scan bookkeeping of one open of *path* (*size* bytes): may start or feed a scan."""
         parts = split(path)
-        if not parts:
-            return
+        if not parts or self.scan_max() <= 0:
+            return  # (small_file_max 0: no file is small; a scan would only open each to find it too large)
         dir_path = "/" + "/".join(parts[:-1])
         name = parts[-1]
         ds = self.dir_scan(dir_path)

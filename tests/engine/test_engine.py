@@ -323,6 +323,23 @@ def test_small_file_scan_prefetches_directory_and_serves_opens(data_dir, tmp_pat
         engine.close()
 
 
+def test_no_small_file_scan_when_no_file_is_small(data_dir, tmp_path):
+    """readahead.small_file_max 0: no file is small, so no scan starts (one would open every file of
+    the directory at the source only to find it too large to fetch)."""
+    engine = make_engine(data_dir, tmp_path, **{"readahead.small_file_max": "0"})
+    try:
+        names = sorted(os.listdir(data_dir / "small"))[:10]
+        for name in names:
+            r = engine.open(f"/small/{name}")
+            assert engine.read(r.fh, 0, 65536) == (data_dir / "small" / name).read_bytes()
+            engine.release(r.fh)
+        time.sleep(0.3)  # (a scan would have run by now)
+        c = engine.snapshot()["counters"]
+        assert c[m.SCANS] == 0 and c[m.SCAN_FILES] == 0 and c[m.SOURCE_OPENS] == len(names)
+    finally:
+        engine.close()
+
+
 def test_npy_format_plan_prefetches_payload(data_dir, tmp_path):
     arr = np.arange(6 * MIB // 8, dtype=np.float64)
     np.save(data_dir / "a.npy", arr)
