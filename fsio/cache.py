@@ -53,6 +53,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
 from fastfs.fsio import stats as m
+from fastfs.fsio.latch import Latch
 
 PENDING, READY, FAILED = 0, 1, 2
 # Smallest buffer granule: page size, also the O_DIRECT alignment.
@@ -128,7 +129,7 @@ class Block:
         self.length = 0
         self.state = PENDING
         self.errno = 0
-        self.done = threading.Event()
+        self.done = Latch()  # set when the fill ends (READY or FAILED)
         self.prefetched = prefetched
         self.used = False
         self.pins = 0

@@ -68,6 +68,7 @@ from fastfs.fsio.cache import BlockCache, round_up
 from fastfs.fsio.dirs import Dirent, DirListings, parent_of
 from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.fills import Fills
+from fastfs.fsio.latch import Latch
 from fastfs.fsio.policy import ScanPolicy, Siblings
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.source import FileKey, Source, SourceFile, split, stat_key
@@ -178,7 +179,7 @@ class Scanner:
         self._meta: OrderedDict[str, MetaEntry] = OrderedDict()  # guarded by _meta_lock
         self._meta_lock = threading.Lock()
         self._metadata_threads: concurrent.futures.ThreadPoolExecutor | None = None  # made on first need (_meta_lock)
-        self._fetching: dict[str, threading.Event] = {}  # path -> set when its scan fetch ends; _meta_lock
+        self._fetching: dict[str, Latch] = {}  # path -> set when its scan fetch ends; _meta_lock
         # Walks (readahead.walk_ahead), guarded by _dirs_lock: parent -> the child directory the reader
         # entered last; parent -> (its listing, that listing's subdirectories indexed) for the last one.
         self._walks: OrderedDict[str, str] = OrderedDict()
@@ -547,7 +548,7 @@ class Scanner:
             if opened:
                 self.stats.add(m.SCAN_SKIPPED)
                 return
-            done = threading.Event()
+            done = Latch()
             with self._meta_lock:
                 if path in self._fetching:  # another scan of the same file is under way
                     return
