@@ -30,11 +30,18 @@ grown file, so an ``fstat`` shows the new size and a later open of the node expe
 
 Kept backing ids. A passthrough backing id registered for the node's source file (not the disk tier's
 copy, whose file the tier may replace) is kept registered after the node's last release
-(``kept``, at most :data:`MAX_KEPT_BACKING` nodes, least recently released closed first): the next
-passthrough open of the node passes it again (the node stands for one version, and the backing file
-is that version's file, also once it grew), so a hot open + close costs no BACKING_OPEN and no
-BACKING_CLOSE. A kept id is closed when its node is forgotten (:meth:`NodeTable.forget_many`
-returns it) or evicted by a newer one (:meth:`NodeTable.released` returns it).
+(``kept``, at most :data:`MAX_KEPT_BACKING` nodes): the next passthrough open of the node passes it
+again (the node stands for one version, and the backing file is that version's file, also once it
+grew), so a hot open + close costs no BACKING_OPEN and no BACKING_CLOSE. A kept id is closed when its
+node is forgotten (:meth:`NodeTable.forget_many` returns it) or when a full table makes room
+(:meth:`NodeTable.released` returns it). A full table does not simply drop its least recently
+released id for the new one: epochs over more files than it holds release them in the same order
+every time, so each id would be dropped just before its next open and none would ever be used again
+(a second pass over 20,000 files: 151 us per open + close against 93 us with every id kept). The
+least recently released id goes only when it is stale (not released again for
+:data:`KEPT_STALE_RELEASES` times the bound's worth of keeping releases); otherwise the new id is
+the one closed, so a cyclic epoch keeps the bound's worth of its files, and a data set no longer read
+gives its ids up to a new one after a while.
 
 Routes. The kernel requires every open handle of one inode to use the same route (served or
 passthrough) and, passing through, the same backing file: the first open of a node sets its route
@@ -81,6 +88,10 @@ FIRST_ID = 16
 # Enough for a data set's second epoch of 10,000 small files: at 1,024 a second pass over 2,000 files
 # evicted one kept id per open, and every open + close paid both ioctls again.
 MAX_KEPT_BACKING = 16384
+# A kept id not released again for this many times MAX_KEPT_BACKING keeping releases (its node's last
+# release with an id to keep) is stale: a full table drops it for a new id. Younger ones stay and the new
+# id is closed, so an epoch over up to this many times the bound's files keeps using the bound's worth.
+KEPT_STALE_RELEASES = 4
 
 
 def version_of(st: os.stat_result) -> Version:
@@ -151,7 +162,9 @@ class NodeTable:
     ) -> None:
         self._lock = threading.Lock()
         self.max_kept = max_kept  # immutable
-        self._kept: dict[int, None] = {}  # node ids holding a kept backing id, least recently released first
+        # node ids holding a kept backing id -> the keeping release that kept it, least recent first
+        self._kept: dict[int, int] = {}
+        self._keeps = 0  # keeping releases so far (the clock of _kept)
         # Run check_invariants under the lock after every change (debug: config cache.check_invariants
         # or FASTFS_CHECK_INVARIANTS=1, as for the block cache); immutable.
         self.checking = check_invariants or invariant_checks_requested()
@@ -326,8 +339,8 @@ class NodeTable:
 
     def released(self, node: Node) -> int:
         """Count a release of *node*; returns a backing id to close (else 0): the node's when it was
-        the last handle and its id is not kept, or the least recently released kept one when keeping
-        this one made too many."""
+        the last handle and its id is not kept (also when the table is full of ids still in use), or
+        the least recently released kept one when it is stale and keeping this one made too many."""
         with self._lock:
             node.opens -= 1
             if node.opens > 0:
@@ -336,12 +349,18 @@ class NodeTable:
                 return 0
             backing, node.backing, node.route = node.backing, 0, ""
             if backing and node.keepable and self._by_id.get(node.nodeid) is node:
-                node.kept, backing = backing, 0
-                self._kept[node.nodeid] = None
-                if len(self._kept) > self.max_kept:
-                    oldest = self._by_id[next(iter(self._kept))]
-                    del self._kept[oldest.nodeid]
-                    backing, oldest.kept = oldest.kept, 0
+                self._keeps += 1
+                full = len(self._kept) >= self.max_kept
+                oldest_id = next(iter(self._kept)) if full else 0
+                if full and self._keeps - self._kept[oldest_id] <= KEPT_STALE_RELEASES * self.max_kept:
+                    pass  # every kept id is in use still: this one is closed (returned)
+                else:
+                    node.kept, backing = backing, 0
+                    self._kept[node.nodeid] = self._keeps
+                    if full:
+                        oldest = self._by_id[oldest_id]
+                        del self._kept[oldest_id]
+                        backing, oldest.kept = oldest.kept, 0
             node.keepable = False
             if self.checking:
                 self._check_locked()

@@ -14,7 +14,7 @@ from kernelclient import KERNEL_FLAGS, init_body
 from fastfs.daemon.kernel import abi
 from fastfs.daemon.kernel.abi import Init
 from fastfs.daemon.kernel.negotiate import BASE_FLAGS, NegotiationError, Offer, Wishes, negotiate
-from fastfs.daemon.nodes import FIRST_ID, ROOT_ID, NodeTable, version_of
+from fastfs.daemon.nodes import FIRST_ID, KEPT_STALE_RELEASES, ROOT_ID, NodeTable, version_of
 
 
 # -- layouts ----------------------------------------------------------------------------------------
@@ -342,12 +342,49 @@ def test_a_kept_backing_id_is_passed_again_and_closed_when_forgotten_or_evicted(
     assert table.released(a) == 0 and a.kept == 7
     assert table.acquire(b, "passthrough") == ("passthrough", 0)
     assert table.attach_backing(b, 8, keep=True) == 8
-    assert table.released(b) == 7 and a.kept == 0  # one kept at most: a's is closed
+    assert table.released(b) == 8 and a.kept == 7  # one kept at most, a's still in use: b's is closed
+    stale = KEPT_STALE_RELEASES * table.max_kept  # keeping releases after which a's id is stale
+    for backing in range(10, 10 + stale - 1):  # (a's id was kept by the 2nd keeping release, b's was the 3rd)
+        assert table.acquire(b, "passthrough") == ("passthrough", 0)
+        assert table.attach_backing(b, backing, keep=True) == backing
+        assert table.released(b) == backing and a.kept == 7
+    assert table.acquire(b, "passthrough") == ("passthrough", 0)
+    assert table.attach_backing(b, 8, keep=True) == 8
+    assert table.released(b) == 7 and a.kept == 0 and b.kept == 8  # a's went stale: closed for b's
     assert table.forget(b.nodeid, 1) == [8]  # forgotten: its kept id is closed
     assert table.acquire(a, "passthrough") == ("passthrough", 0)
     assert table.attach_backing(a, 9) == 9  # (a disk-tier copy's id: not kept)
     assert table.released(a) == 9
     assert table.forget(a.nodeid, 1) == []
+
+
+@pytest.mark.parametrize("files", [5, 8, 16])
+def test_epochs_over_more_files_than_kept_ids_keep_using_the_kept_ones(tmp_path, files: int) -> None:
+    """Epochs release their files in the same order every time: dropping the least recently released
+    id for each new one would drop every id just before its next open (no id ever used twice). The
+    table keeps its bound's worth instead, used again every epoch, while the epoch is no longer than
+    KEPT_STALE_RELEASES times the bound."""
+    kept = 4
+    table = NodeTable(os.lstat(tmp_path), check_invariants=True, max_kept=kept)
+    nodes = [table.lookup(table.root, f"f{i}", _stat(tmp_path, f"f{i}")) for i in range(files)]
+    next_id = iter(range(100, 10_000))
+    registered: set[int] = set()
+    passed_again = []
+    for _epoch in range(4):
+        again = 0
+        for node in nodes:
+            route, backing = table.acquire(node, "passthrough")
+            if backing:
+                again += 1
+            else:
+                backing = table.attach_backing(node, next(next_id), keep=True)
+                registered.add(backing)
+            closed = table.released(node)
+            if closed:
+                registered.remove(closed)  # (closed once, and only an id registered)
+        passed_again.append(again)
+        assert len(registered) == kept  # the kept ones, no more
+    assert passed_again == [0, kept, kept, kept]
 
 
 def test_node_table_checks_itself_after_every_change_when_asked(tmp_path):
