@@ -351,13 +351,12 @@ class NodeTable:
             if backing and node.keepable and self._by_id.get(node.nodeid) is node:
                 self._keeps += 1
                 full = len(self._kept) >= self.max_kept
-                oldest_id = next(iter(self._kept)) if full else 0
-                if full and self._keeps - self._kept[oldest_id] <= KEPT_STALE_RELEASES * self.max_kept:
-                    pass  # every kept id is in use still: this one is closed (returned)
-                else:
+                oldest_id = next(iter(self._kept), 0)
+                # (full of ids still in use: this one is closed, returned as it is)
+                if not full or self._keeps - self._kept[oldest_id] > KEPT_STALE_RELEASES * self.max_kept:
                     node.kept, backing = backing, 0
                     self._kept[node.nodeid] = self._keeps
-                    if full:
+                    if full:  # the stale oldest one makes room
                         oldest = self._by_id[oldest_id]
                         del self._kept[oldest_id]
                         backing, oldest.kept = oldest.kept, 0

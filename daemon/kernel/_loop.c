@@ -1451,28 +1451,23 @@ PyMODINIT_FUNC PyInit__loop(void)
         if (*names[i].slot == NULL)
             return NULL;
     }
-    if (PyType_Ready(&ReadersType) < 0 || PyType_Ready(&DirectType) < 0 || PyType_Ready(&LaterType) < 0)
-        return NULL;
+    struct {
+        PyTypeObject *type;
+        const char *name;
+    } types[] = {{&ReadersType, "Readers"}, {&DirectType, "Direct"}, {&LaterType, "Later"}};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (PyType_Ready(types[i].type) < 0)
+            return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
-    Py_INCREF(&ReadersType);
-    if (PyModule_AddObject(module, "Readers", (PyObject *)&ReadersType) < 0) {
-        Py_DECREF(&ReadersType);
-        Py_DECREF(module);
-        return NULL;
-    }
-    Py_INCREF(&DirectType);
-    if (PyModule_AddObject(module, "Direct", (PyObject *)&DirectType) < 0) {
-        Py_DECREF(&DirectType);
-        Py_DECREF(module);
-        return NULL;
-    }
-    Py_INCREF(&LaterType);
-    if (PyModule_AddObject(module, "Later", (PyObject *)&LaterType) < 0) {
-        Py_DECREF(&LaterType);
-        Py_DECREF(module);
-        return NULL;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        Py_INCREF(types[i].type);
+        if (PyModule_AddObject(module, types[i].name, (PyObject *)types[i].type) < 0) {
+            Py_DECREF(types[i].type);
+            Py_DECREF(module);
+            return NULL;
+        }
     }
     if (PyModule_AddIntConstant(module, "LATER_RECORD", LATER_RECORD) < 0 ||
         PyModule_AddIntConstant(module, "DIRECT_RING", DIRECT_RING) < 0 ||

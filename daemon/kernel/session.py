@@ -442,13 +442,10 @@ class Session:
             records = later.take()
             if not records:
                 return 0
-            handler = self.handlers.get(Op.RELEASE)
-            worker = self._late_worker
+            handler = self.handlers[Op.RELEASE]  # (the loop keeps only RELEASEs it has a handler for)
             for record in records:
                 _length, opcode, unique, nodeid, uid, gid, pid, _ext, _pad = _HEADER.unpack_from(record)
-                if handler is None:
-                    continue
-                request = Request(unique, opcode, nodeid, uid, gid, pid, worker)
+                request = Request(unique, opcode, nodeid, uid, gid, pid, self._late_worker)
                 try:
                     handler(request, memoryview(record)[_HEADER_SIZE:])
                     if request.after is not None:
