@@ -17,9 +17,10 @@ this class of VM faulting in fresh anonymous memory costs more than the pread th
 Concurrency (what guards what; the fields say it again):
 
 * ``_lock`` guards every table and counter of the cache (``_blocks``, ``_consumed``, ``_by_file``,
-  ``_free``, ``reserved``, ``budget``) and a block's ``pins``, ``state``, ``length`` and ``errno``:
+  ``_free``, ``reserved``, ``budget``, and the gauges ``_pending`` and ``_ready_bytes``, kept as blocks
+  change so a snapshot never walks the table) and a block's ``pins``, ``state``, ``length`` and ``errno``:
   :meth:`complete` and :meth:`fail` write the outcome under it, then set ``done`` outside it. A
-  reader that waited for ``done`` reads the outcome without the lock (``Event.set``/``wait``
+  reader that waited for ``done`` reads the outcome without the lock (``Latch.set``/``wait``
   order the writes before the reads) and so may the filler that wrote it.
 * A block's ``key``, ``start``, ``buf``, ``view``, ``capacity`` and ``prefetched`` never change after
   :meth:`reserve` made it. ``used`` only goes from False to True, written by a reader copying out of
@@ -36,7 +37,8 @@ The lock is never held across I/O or while waiting.
 Invariants (:meth:`BlockCache.check_invariants`): ``reserved`` equals the capacities of the blocks
 plus the free buffers and stays within the budget (after a budget cut that pinned and in-flight
 blocks keep from being met at once: within what was charged then, and never growing past the
-budget again); ``_by_file`` and ``_consumed`` index exactly blocks of ``_blocks``; no block is
+budget again); ``_by_file`` and ``_consumed`` index exactly blocks of ``_blocks``; the gauges agree
+with the table (pending blocks, bytes of ready ones); no block is
 FAILED (failed blocks leave the table), pins are >= 0, a ready block's length fits its capacity.
 With ``check_invariants`` (config ``cache.check_invariants`` or ``FASTFS_CHECK_INVARIANTS=1`` in the
 environment) every mutating method runs the check under the lock before releasing it (tests and
@@ -156,6 +158,11 @@ class BlockCache:
         self._by_file: dict[Hashable, set[int]] = {}  # file key -> indexes of its blocks in _blocks
         self._free: list[mmap.mmap] = []  # block_size buffers kept for reuse (charged)
         self.reserved = 0  # bytes charged: blocks (any state) + free buffers; read unlocked only as a gauge
+        # The gauges, kept as blocks change state in or leave _blocks (a snapshot reads them without
+        # walking the table under the lock: a mount holding 100,000 scanned small files would stall
+        # every read and fetch for each scrape); both guarded by _lock.
+        self._pending = 0  # blocks of _blocks in state PENDING
+        self._ready_bytes = 0  # the lengths of the blocks of _blocks in state READY
 
     # -- lookup -----------------------------------------------------------------------------
     def get(self, file_key: Hashable, index: int) -> Block | None:
@@ -225,6 +232,7 @@ class BlockCache:
             block = Block(key, first, buf if buf is not None else _allocate(capacity), capacity, prefetched)
             block.pins = 1
             self._blocks[key] = block
+            self._pending += 1
             self._by_file.setdefault(file_key, set()).add(index)
             if self.checking:
                 self._check_locked()
@@ -273,6 +281,7 @@ class BlockCache:
     def _drop(self, block: Block, keep_buffer: bool) -> mmap.mmap | None:
         """Remove a block (lock held). Returns its buffer when it can be reused by the caller."""
         del self._blocks[block.key]
+        self._uncount(block)
         self._consumed.pop(block.key, None)
         indexes = self._by_file.get(block.key[0])
         if indexes is not None:
@@ -293,13 +302,25 @@ class BlockCache:
             self.reserved += self.block_size
         return None
 
+    def _uncount(self, block: Block) -> None:
+        """Take *block*, leaving ``_blocks`` or its state, out of the gauges (lock held)."""
+        if block.state == PENDING:
+            self._pending -= 1
+        elif block.state == READY:
+            self._ready_bytes -= block.length
+
     # -- completion ---------------------------------------------------------------------------
     def complete(self, block: Block, length: int) -> None:
         """The block's fill finished with ``length`` valid bytes; wake waiters."""
         with self._lock:
+            held = self._blocks.get(block.key) is block  # (a closed cache holds none)
+            if held:
+                self._uncount(block)
             block.length = length
             block.errno = 0
             block.state = READY
+            if held:
+                self._ready_bytes += length
             if self.checking:
                 self._check_locked()
         block.done.set()
@@ -307,10 +328,10 @@ class BlockCache:
     def fail(self, block: Block, errno_value: int) -> None:
         """The fill failed: the block leaves the cache (errors are never cached as data); waiters wake."""
         with self._lock:
-            block.state = FAILED
-            block.errno = errno_value
             if self._blocks.get(block.key) is block:
                 self._drop(block, keep_buffer=False)
+            block.state = FAILED
+            block.errno = errno_value
             if self.checking:
                 self._check_locked()
         block.done.set()
@@ -380,15 +401,14 @@ class BlockCache:
         self._account_evictions(evicted)
 
     def gauges(self) -> dict[str, int]:
+        """The cache's gauges for a stats snapshot: O(1), from the counts kept as blocks change."""
         with self._lock:
-            pending = sum(1 for b in self._blocks.values() if b.state == PENDING)
-            cached = sum(b.length for b in self._blocks.values() if b.state == READY)
             return {
                 "cache_bytes": self.reserved,
-                "cache_data_bytes": cached,
+                "cache_data_bytes": self._ready_bytes,
                 "cache_budget": self.budget,
                 "cache_blocks": len(self._blocks),
-                "inflight_blocks": pending,
+                "inflight_blocks": self._pending,
                 "free_buffers": len(self._free),
             }
 
@@ -401,6 +421,7 @@ class BlockCache:
             self._consumed.clear()
             self._by_file.clear()
             self.reserved = 0
+            self._pending = self._ready_bytes = 0
             self._over_budget = 0
             if self.checking:
                 self._check_locked()
@@ -448,6 +469,10 @@ class BlockCache:
         assert indexed == len(self._blocks), f"cache: _by_file indexes {indexed} of {len(self._blocks)} blocks"
         for key in self._consumed:
             assert key in self._blocks, f"cache: consumed mark of missing block {key!r}"
+        pending = sum(1 for b in self._blocks.values() if b.state == PENDING)
+        assert self._pending == pending, f"cache: {self._pending} pending blocks counted, {pending} in the table"
+        ready = sum(b.length for b in self._blocks.values() if b.state == READY)
+        assert self._ready_bytes == ready, f"cache: {self._ready_bytes} ready bytes counted, {ready} in the table"
 
 
 def _allocate(capacity: int) -> mmap.mmap:

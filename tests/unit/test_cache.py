@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 
 import pytest
 from hypothesis import given, settings
@@ -74,6 +75,43 @@ def test_every_step_keeps_the_invariants():
     assert cache.reserved == 0
 
 
+class _Unwalkable(OrderedDict):
+    """A block table that refuses to be walked (a gauge read must not walk it under the lock)."""
+
+    def values(self):
+        raise AssertionError("the block table was walked")
+
+    items = values
+    __iter__ = values
+
+
+def test_gauges_are_kept_not_walked():
+    """A stats snapshot reads the cache's gauges under its lock: with 100,000 scanned small files a
+    walk of the table there stalled every read and fetch of the mount for each scrape. The gauges
+    are kept as blocks change, and agree with a walk (the invariant check compares them)."""
+    cache = checked_cache()
+    done, _ = cache.reserve(("f",), 0, MIB, prefetched=True)
+    cache.complete(done, 1000)
+    cache.unpin(done)
+    pending, _ = cache.reserve(("f",), 1, MIB, prefetched=True)
+    failed, _ = cache.reserve(("g",), 0, 5000, prefetched=True)
+    cache.fail(failed, 5)
+    cache.checking = False  # (the check walks the table by design)
+    cache._blocks = _Unwalkable(cache._blocks)
+    assert cache.gauges() == {
+        "cache_bytes": 2 * MIB,
+        "cache_data_bytes": 1000,
+        "cache_budget": 4 * MIB,
+        "cache_blocks": 2,
+        "inflight_blocks": 1,
+        "free_buffers": 0,
+    }
+    cache.complete(pending, 7)
+    assert cache.gauges()["cache_data_bytes"] == 1007 and cache.gauges()["inflight_blocks"] == 0
+    cache._blocks = OrderedDict(dict.items(cache._blocks))
+    cache.check_invariants()
+
+
 def test_check_names_the_broken_invariant():
     cache = checked_cache()
     b, _ = cache.reserve(("f",), 0, MIB, prefetched=False)
@@ -90,6 +128,11 @@ def test_check_names_the_broken_invariant():
     with pytest.raises(AssertionError, match="_by_file"):
         cache.check_invariants()
     cache._by_file[("f",)].discard(7)
+    cache.check_invariants()
+    cache._ready_bytes += 1
+    with pytest.raises(AssertionError, match="ready bytes"):
+        cache.check_invariants()
+    cache._ready_bytes -= 1
     cache.check_invariants()
 
 
