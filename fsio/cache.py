@@ -10,9 +10,13 @@ now), then the least recently used. Blocks being filled, and blocks pinned by a 
 of them, are never evicted. When nothing can be evicted the reservation fails: prefetch is declined
 (backpressure) and demand reads go straight to the source without caching.
 
-Buffers are anonymous ``mmap`` regions (page-aligned, so ``O_DIRECT`` preads can fill them) of the
-block size. Evicted buffers are kept on a free list, still charged to the budget, and reused: on
-this class of VM faulting in fresh anonymous memory costs more than the pread that fills it.
+Buffers are page-aligned anonymous memory (so ``O_DIRECT`` preads can fill them): a block-size
+buffer is an ``mmap`` of its own; evicted ones are kept on a free list, still charged to the budget,
+and reused (on this class of VM faulting in fresh anonymous memory costs more than the pread that
+fills it). A small block (a small file, a file's short last block, a head window: up to 512 KiB) is
+a run of pages in a shared slab (:mod:`fastfs.fsio.slabs`): one mapping per block ran into the
+kernel's limit on mappings with 100,000 small files held, where freeing a block failed unseen and its
+memory stayed while the budget counted it free.
 
 Concurrency (what guards what; the fields say it again):
 
@@ -56,6 +60,7 @@ from typing import Protocol
 
 from fastfs.fsio import stats as m
 from fastfs.fsio.latch import Latch
+from fastfs.fsio.slabs import Run, SlabAllocator
 
 PENDING, READY, FAILED = 0, 1, 2
 # Smallest buffer granule: page size, also the O_DIRECT alignment.
@@ -122,11 +127,11 @@ class Block:
         "disk_warm",
     )
 
-    def __init__(self, key: BlockKey, start: int, buf: mmap.mmap | bytearray, capacity: int, prefetched: bool) -> None:
+    def __init__(self, key: BlockKey, start: int, buf: mmap.mmap | Run, capacity: int, prefetched: bool) -> None:
         self.key = key
         self.start = start
-        self.buf = buf
-        self.view = memoryview(buf)
+        self.buf = buf  # a mapping of its own (block-size buffers, large runs) or a run of a slab's pages
+        self.view = buf.view if isinstance(buf, Run) else memoryview(buf)
         self.capacity = capacity
         self.length = 0
         self.state = PENDING
@@ -157,6 +162,7 @@ class BlockCache:
         self._consumed: OrderedDict[BlockKey, None] = OrderedDict()  # drop-behind candidates
         self._by_file: dict[Hashable, set[int]] = {}  # file key -> indexes of its blocks in _blocks
         self._free: list[mmap.mmap] = []  # block_size buffers kept for reuse (charged)
+        self._slabs = SlabAllocator()  # the buffers of small blocks (fastfs.fsio.slabs)
         self.reserved = 0  # bytes charged: blocks (any state) + free buffers; read unlocked only as a gauge
         # The gauges, kept as blocks change state in or leave _blocks (a snapshot reads them without
         # walking the table under the lock: a mount holding 100,000 scanned small files would stall
@@ -229,7 +235,14 @@ class BlockCache:
                         return None, False
                     self.reserved += capacity
             first = index * self.block_size if start is None else start
-            block = Block(key, first, buf if buf is not None else _allocate(capacity), capacity, prefetched)
+            memory: mmap.mmap | Run
+            if buf is not None:
+                memory = buf
+            elif self._slabs.fits(capacity):
+                memory = self._slabs.take(capacity)
+            else:
+                memory = _allocate(capacity)
+            block = Block(key, first, memory, capacity, prefetched)
             block.pins = 1
             self._blocks[key] = block
             self._pending += 1
@@ -290,6 +303,10 @@ class BlockCache:
                 del self._by_file[block.key[0]]
         buf = block.buf
         block.view.release()
+        if isinstance(buf, Run):
+            self._slabs.give(buf)
+            self.reserved -= block.capacity
+            return None
         if keep_buffer and block.capacity == self.block_size and isinstance(buf, mmap.mmap):
             return buf
         self.reserved -= block.capacity
@@ -417,6 +434,7 @@ class BlockCache:
             for buf in self._free:
                 buf.close()
             self._free.clear()
+            self._slabs.close()
             self._blocks.clear()
             self._consumed.clear()
             self._by_file.clear()
@@ -469,6 +487,11 @@ class BlockCache:
         assert indexed == len(self._blocks), f"cache: _by_file indexes {indexed} of {len(self._blocks)} blocks"
         for key in self._consumed:
             assert key in self._blocks, f"cache: consumed mark of missing block {key!r}"
+        self._slabs.check()
+        in_runs = sum(b.capacity for b in self._blocks.values() if isinstance(b.buf, Run))
+        assert in_runs == self._slabs.pages_used * PAGE, (
+            f"cache: blocks hold {in_runs} bytes of slab runs, the slabs {self._slabs.pages_used} pages"
+        )
         pending = sum(1 for b in self._blocks.values() if b.state == PENDING)
         assert self._pending == pending, f"cache: {self._pending} pending blocks counted, {pending} in the table"
         ready = sum(b.length for b in self._blocks.values() if b.state == READY)
