@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,7 @@ class FastfsMount:
     state_dir: str
     options: list[str]
     pid: int | None = None
+    log: str = ""  # the daemon's log file, as `fastfs mount` printed it ("" when it did not)
 
     def stats(self) -> dict[str, Any]:
         with open(os.path.join(self.mnt, STATS_PATH), "rb") as f:
@@ -101,6 +103,8 @@ def fastfs_mount(
         res = subprocess.run(cmd, env=env, timeout=CLI_TIMEOUT, capture_output=True, text=True, check=False)
         if res.returncode != 0:
             raise RuntimeError(f"fastfs mount failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
+        said = re.search(r", log (\S+)\)", res.stdout)
+        mount.log = said.group(1) if said else ""
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -110,11 +114,26 @@ def fastfs_mount(
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"fastfs did not serve {mnt}/{STATS_PATH} within {timeout} s") from None
                 time.sleep(POLL_INTERVAL)
-        yield mount
+        try:
+            yield mount
+        except BaseException:
+            _keep_log(mount)  # (the state directory, where the log lives, goes below)
+            raise
     finally:
         _fastfs_unmount(mnt, mount.pid, env)
         if own_state:
             shutil.rmtree(state, ignore_errors=True)
+
+
+def _keep_log(mount: FastfsMount) -> None:
+    """A run through *mount* failed: copy the daemon's log out of the state directory that goes with the
+    mount, and say where it is (a source's error, or the daemon's own, is told there)."""
+    if not mount.log or not os.path.exists(mount.log):
+        return
+    kept = os.path.join(tempfile.gettempdir(), f"fastfs-bench-failed-{os.getpid()}-{time.time_ns()}.log")
+    with contextlib.suppress(OSError):
+        shutil.copyfile(mount.log, kept)
+        print(f"fastfs: a run failed; the daemon's log is kept in {kept}", file=sys.stderr, flush=True)
 
 
 def _fastfs_unmount(mnt: str, pid: int | None, env: dict[str, str]) -> None:
