@@ -23,8 +23,9 @@ memory stayed while the budget counted it free.
 Concurrency (what guards what; the fields say it again):
 
 * ``_lock`` guards every table and counter of the cache (``_blocks``, ``_consumed``, ``_by_file``,
-  ``_free``, ``reserved``, ``budget``, and the gauges ``_pending`` and ``_ready_bytes``, kept as blocks
-  change so a snapshot never walks the table) and a block's ``pins``, ``state``, ``length`` and ``errno``:
+  ``_free``, ``_slabs``, ``reserved``, ``budget``, and the gauges ``_pending`` and ``_ready_bytes``,
+  kept as blocks change so a snapshot never walks the table) and a block's ``pins``, ``state``,
+  ``length`` and ``errno``:
   :meth:`complete` and :meth:`fail` write the outcome under it, then set ``done`` outside it. A
   reader that waited for ``done`` reads the outcome without the lock (``Latch.set``/``wait``
   order the writes before the reads) and so may the filler that wrote it.
@@ -41,14 +42,15 @@ Concurrency (what guards what; the fields say it again):
 The lock is never held across I/O or while waiting.
 
 Invariants (:meth:`BlockCache.check_invariants`): ``reserved`` equals the capacities of the blocks
-plus the free buffers and stays within the budget (after a budget cut that pinned and in-flight
-blocks keep from being met at once: within what was charged then, and never growing past the
-budget again); ``_by_file`` and ``_consumed`` index exactly blocks of ``_blocks``; the gauges agree
-with the table (pending blocks, bytes of ready ones); no block is
-FAILED (failed blocks leave the table), pins are >= 0, a ready block's length fits its capacity.
-With ``check_invariants`` (config ``cache.check_invariants`` or ``FASTFS_CHECK_INVARIANTS=1`` in the
-environment) every mutating method runs the check under the lock before releasing it (tests and
-debug mounts; it walks the whole cache, so it is off by default).
+(a small one's with its overhead) plus the free buffers and stays within the budget (after a budget
+cut that pinned and in-flight blocks keep from being met at once: within what was charged then, and
+never growing past the budget again); ``_by_file`` and ``_consumed`` index exactly blocks of
+``_blocks``; the gauges agree with the table (pending blocks, bytes of ready ones), and the slabs'
+page maps with the small blocks' runs; no block is FAILED (failed blocks leave the table), pins are
+>= 0, a ready block's length fits its capacity. With ``check_invariants`` (config
+``cache.check_invariants`` or ``FASTFS_CHECK_INVARIANTS=1`` in the environment) every mutating
+method runs the check under the lock before releasing it (tests and debug mounts; it walks the whole
+cache, so it is off by default).
 """
 
 from __future__ import annotations
