@@ -71,7 +71,7 @@ PENDING, READY, FAILED = 0, 1, 2
 PAGE = 4096
 # Bytes a small block (a run of slab pages) is charged beside its pages: its Python objects (the Block,
 # its Latch, Run and view, its entries in the tables) took 1.17 KiB a block, measured with 100,000
-# blocks of 3 KiB files; uncharged, 100,000 scanned small files held 115 MiB more than the budget said.
+# blocks of 3 KiB files; uncharged, 100,000 scanned small files held 112 MiB more than the budget said.
 SMALL_BLOCK_OVERHEAD = 1200
 # Environment variable that turns on the invariant check of every cache (debug mounts, test runs).
 CHECK_ENV = "FASTFS_CHECK_INVARIANTS"

@@ -130,7 +130,7 @@ def test_large_buffers_keep_their_own_mapping():
 
 def test_a_small_block_is_charged_its_objects_too():
     """The Python objects of a block (1.17 KiB measured) next to its 4 KiB page: uncharged, 100,000
-    scanned small files held 115 MiB more than the budget said. Charged, a full cache holds fewer."""
+    scanned small files held 112 MiB more than the budget said. Charged, a full cache holds fewer."""
     budget = 1 * MIB
     cache = BlockCache(budget, 4 * MIB, m.Stats(), check_invariants=True)
     held = 0
