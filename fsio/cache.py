@@ -39,7 +39,8 @@ Concurrency (what guards what; the fields say it again):
 * :meth:`peek` reads ``_blocks`` without the lock: one dict lookup (atomic under the GIL), an
   advisory answer (the block may go right after) that the caller never dereferences without a pin.
 
-The lock is never held across I/O or while waiting.
+The lock is never held across I/O or while waiting (the one syscall made under it is the
+``MADV_DONTNEED`` that gives a dropped small block's pages back, :meth:`SlabAllocator.give`).
 
 Invariants (:meth:`BlockCache.check_invariants`): ``reserved`` equals the capacities of the blocks
 (a small one's with its overhead) plus the free buffers and stays within the budget (after a budget

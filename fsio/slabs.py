@@ -31,9 +31,11 @@ PAGE = 4096
 # Pages of one slab (4 MiB): a thousand one-page files share one mapping; 100,000 small files held
 # need about a hundred mappings instead of 100,000.
 SLAB_PAGES = 1024
-# Largest run carved from a slab (512 KiB): a larger request would leave slabs hard to fill; buffers
-# above it keep a mapping of their own (at most budget / 512 KiB of them).
-RUN_MAX_PAGES = SLAB_PAGES // 8
+# Largest run carved from a slab, as a share of it (an eighth: 512 KiB of the default slab): a larger
+# request would leave slabs hard to fill; buffers above it keep a mapping of their own (at most
+# budget / 512 KiB of them).
+RUN_SHARE = 8
+RUN_MAX_PAGES = SLAB_PAGES // RUN_SHARE
 
 
 class Slab:
@@ -66,7 +68,7 @@ class SlabAllocator:
 
     def __init__(self, slab_pages: int = SLAB_PAGES) -> None:
         self.slab_pages = slab_pages
-        self.run_max = max(1, slab_pages // 8)  # (RUN_MAX_PAGES for the default slab)
+        self.run_max = max(1, slab_pages // RUN_SHARE)  # pages (RUN_MAX_PAGES for the default slab)
         self._room: dict[Slab, None] = {}  # slabs with a free page, oldest first (searched newest first)
         self._slabs: set[Slab] = set()  # every slab with a run in use
         self.pages_used = 0
