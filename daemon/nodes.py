@@ -348,7 +348,7 @@ class NodeTable:
                     self._check_locked()
                 return 0
             backing, node.backing, node.route = node.backing, 0, ""
-            if backing and node.keepable and self._by_id.get(node.nodeid) is node:
+            if backing and node.keepable and self.max_kept > 0 and self._by_id.get(node.nodeid) is node:
                 self._keeps += 1
                 full = len(self._kept) >= self.max_kept
                 oldest_id = next(iter(self._kept), 0)

@@ -358,6 +358,17 @@ def test_a_kept_backing_id_is_passed_again_and_closed_when_forgotten_or_evicted(
     assert table.forget(a.nodeid, 1) == []
 
 
+def test_a_table_keeping_no_ids_closes_each_one_at_its_last_release(tmp_path) -> None:
+    """max_kept 0 (keep nothing): the id is closed at once; the table full of nothing, no kept id to
+    make room with (it raised KeyError looking for the oldest of none)."""
+    table = NodeTable(os.lstat(tmp_path), check_invariants=True, max_kept=0)
+    a = table.lookup(table.root, "a", _stat(tmp_path, "a"))
+    for backing in (7, 8):
+        assert table.acquire(a, "passthrough") == ("passthrough", 0)
+        assert table.attach_backing(a, backing, keep=True) == backing
+        assert table.released(a) == backing and a.kept == 0
+
+
 @pytest.mark.parametrize("files", [5, 8, 16])
 def test_epochs_over_more_files_than_kept_ids_keep_using_the_kept_ones(tmp_path, files: int) -> None:
     """Epochs release their files in the same order every time: dropping the least recently released
