@@ -157,6 +157,8 @@ def cell_record(workload: str, spec: StorageSpec, plan: Plan | None, d: Cell, f:
             "request_sizes": f.sizes(),
             "peak_rss": f.peak_rss(),
             "counters": (f.snaps[-1].get("counters") if f.snaps else None),
+            # how fastfs read this storage and why (shape, reason, jump probe), as `fastfs stats` says it
+            "source": (f.snaps[-1].get("source") if f.snaps else None),
         },
         "ratio": ratio(td, tf),
     }
