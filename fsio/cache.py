@@ -87,6 +87,11 @@ def round_up(n: int, granule: int = PAGE) -> int:
     return (n + granule - 1) // granule * granule
 
 
+def charge_of(capacity: int, small: bool) -> int:
+    """Budget bytes a block of *capacity* is charged: a small one (a run of slab pages) its objects too."""
+    return capacity + SMALL_BLOCK_OVERHEAD if small else capacity
+
+
 # A block's key: (file key, block index); a file key is any hashable (the engine's FileKey).
 BlockKey = tuple[Hashable, int]
 
@@ -233,7 +238,7 @@ class BlockCache:
                 return block, False
             buf = None
             in_slab = capacity < self.block_size and self._slabs.fits(capacity)
-            charge = capacity + SMALL_BLOCK_OVERHEAD if in_slab else capacity
+            charge = charge_of(capacity, in_slab)
             if capacity == self.block_size and self._free:
                 buf = self._free.pop()  # already charged
             else:
@@ -316,7 +321,7 @@ class BlockCache:
         block.view.release()
         if isinstance(buf, Run):
             self._slabs.give(buf)
-            self.reserved -= block.capacity + SMALL_BLOCK_OVERHEAD
+            self.reserved -= charge_of(block.capacity, True)
             return None
         if keep_buffer and block.capacity == self.block_size and isinstance(buf, mmap.mmap):
             return buf
@@ -464,11 +469,11 @@ class BlockCache:
     def _check_locked(self) -> None:
         """:meth:`check_invariants` with the lock held."""
         bs = self.block_size
-        small = sum(1 for b in self._blocks.values() if isinstance(b.buf, Run))
-        charged = sum(b.capacity for b in self._blocks.values()) + small * SMALL_BLOCK_OVERHEAD + len(self._free) * bs
+        charged = sum(charge_of(b.capacity, isinstance(b.buf, Run)) for b in self._blocks.values())
+        charged += len(self._free) * bs
         assert self.reserved == charged, (
-            f"cache: reserved {self.reserved} != {charged} (capacities of {len(self._blocks)} blocks,"
-            f" {small} of them small, + {len(self._free)} free buffers)"
+            f"cache: reserved {self.reserved} != {charged} (the charges of {len(self._blocks)} blocks"
+            f" + {len(self._free)} free buffers)"
         )
         limit = max(self.budget, self._over_budget)
         assert self.reserved <= limit, f"cache: reserved {self.reserved} over the budget {self.budget}"

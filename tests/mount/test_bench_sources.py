@@ -167,3 +167,24 @@ def _gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except OSError:
         return True
+
+
+def test_a_failed_run_keeps_the_daemons_log_and_leaves_no_mount(tmp_path, capsys, monkeypatch):
+    """A run that fails through fastfs keeps the daemon's log out of the state directory that goes
+    with the mount (benchkit.mounts.fastfs_mount), so a source's error can be told from the daemon's."""
+    from benchkit.mounts import fastfs_mount
+
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    (src / "a").write_bytes(b"abc")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the kept log goes (tempfile reads it once)
+    monkeypatch.setattr("tempfile.tempdir", None)
+    with pytest.raises(RuntimeError, match="the run failed"), fastfs_mount(str(src), str(mnt)) as mount:
+        assert (mnt / "a").read_bytes() == b"abc"
+        assert mount.log and os.path.exists(mount.log)
+        raise RuntimeError("the run failed")
+    assert not is_mounted(str(mnt))
+    kept = [p for p in os.listdir(tmp_path) if p.startswith("fastfs-bench-failed-")]
+    assert len(kept) == 1
+    assert os.path.getsize(tmp_path / kept[0]) > 0
+    assert str(tmp_path / kept[0]) in capsys.readouterr().err
