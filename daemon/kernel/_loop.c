@@ -9,6 +9,15 @@
  * without it. Measured on a 2-core VM (tmpfs source, a trivial handler): open + close of one file
  * took 42-44 us against 76-78 us with the Python loop and the same handlers.
  *
+ * A worker takes the GIL once per request: a parked worker woken to take a reader's place goes into the
+ * device read without it, and a short answer (at most REPLY_COPY_MAX bytes, None or an error) with no
+ * request.after is copied, written without the GIL, and the worker reads its next request before it
+ * takes the GIL again (ANSWER_NOGIL). Each time it took it back only to let go of it again, it waited
+ * for the handler of the request that had come meanwhile. Measured on a 2-core VM (tmpfs source, first
+ * pass over 10,000 files of 3 KiB, medians of 5 runs alternated with the loop before): the daemon's
+ * futex calls 32,972 against 50,377 and its context switches 58,607 against 65,652 on the served route
+ * (4 requests a file), 21,412 against 35,380 and 42,070 against 47,366 on the default route (3).
+ *
  * What it does is exactly what the Python loop does per request (see fastfs.daemon.kernel.session):
  * read one request into the worker's buffer, count its opcode, fill the worker's Request, publish
  * worker.current for the watchdog, call handler(request, body), and answer: bytes, a list of
@@ -78,6 +87,22 @@ struct out_header {
  * more, which only a read of many small blocks makes, is joined into one first (the kernel takes at
  * most IOV_MAX, 1024, buffers per writev). */
 #define MAX_PARTS 64
+/* Answers up to this size are copied and written without the GIL (answer_nogil): every metadata
+ * answer (an entry is 144 bytes, attributes 120, an open 32) and a page of a listing. */
+#define REPLY_COPY_MAX 4096
+/* In the request loop, holding the GIL and no Python object: write the answer without the GIL and go on
+ * to the next request without taking it back (`released`; a failed write takes it to report). */
+#define ANSWER_NOGIL(error_, parts_, nparts_)                                                        \
+    {                                                                                                \
+        released = PyEval_SaveThread();                                                              \
+        int code_ = write_reply_nogil(fd, unique, (error_), (parts_), (nparts_));                    \
+        if (code_) {                                                                                 \
+            PyEval_RestoreThread(released);                                                          \
+            released = NULL;                                                                         \
+            reply_failed(on_reply_error, code_);                                                     \
+        }                                                                                            \
+        continue;                                                                                    \
+    }
 
 /* -- reader places (the native twin of Session._take_reader_place and _leave_reader_place) ---------
  *
@@ -108,6 +133,9 @@ typedef struct {
  * may still touch it). */
 static int take_place(Readers *r, struct parked *me)
 {
+    /* Called without the GIL: a parked worker woken to read goes straight into the device read, and
+     * takes the GIL only once a request came (waking to take it here made it wait for the handler of
+     * the request that woke it, the GIL passed back and forth twice per request). */
     pthread_mutex_lock(&r->lock);
     if (r->ending) {
         pthread_mutex_unlock(&r->lock);
@@ -121,10 +149,8 @@ static int take_place(Readers *r, struct parked *me)
     me->next = r->parked;
     r->parked = me;
     pthread_mutex_unlock(&r->lock);
-    Py_BEGIN_ALLOW_THREADS
     while (sem_wait(&me->wake) < 0 && errno == EINTR)
         ;
-    Py_END_ALLOW_THREADS
     pthread_mutex_lock(&r->lock); /* (whoever woke us unlinked us first) */
     int ending = r->ending;
     pthread_mutex_unlock(&r->lock);
@@ -981,7 +1007,9 @@ static double monotonic_seconds(void)
 }
 
 /* Write the header (and the buffers of *parts*) without the GIL; returns 0 or the errno of the write. */
-static int write_reply(int fd, uint64_t unique, int32_t error, Py_buffer *parts, int nparts)
+/* Write one reply: a header and *nparts* buffers by one writev; 0 or the errno. Without the GIL (the
+ * caller holds no Python object it needs across the call, or has released the GIL around it). */
+static int write_reply_nogil(int fd, uint64_t unique, int32_t error, Py_buffer *parts, int nparts)
 {
     struct iovec iov[MAX_PARTS + 1];
     struct out_header header;
@@ -996,11 +1024,18 @@ static int write_reply(int fd, uint64_t unique, int32_t error, Py_buffer *parts,
     header.unique = unique;
     iov[0].iov_base = &header;
     iov[0].iov_len = sizeof header;
-    ssize_t written;
-    Py_BEGIN_ALLOW_THREADS
-    written = writev(fd, iov, nparts + 1);
-    Py_END_ALLOW_THREADS
+    ssize_t written = writev(fd, iov, nparts + 1);
     return written < 0 ? errno : 0;
+}
+
+/* write_reply_nogil with the GIL released around it (the caller holds it, and the buffers' objects). */
+static int write_reply(int fd, uint64_t unique, int32_t error, Py_buffer *parts, int nparts)
+{
+    int code;
+    Py_BEGIN_ALLOW_THREADS
+    code = write_reply_nogil(fd, unique, error, parts, nparts);
+    Py_END_ALLOW_THREADS
+    return code;
 }
 
 /* Call callback(*args) and drop its result; an exception there is printed (it must not end the loop). */
@@ -1210,27 +1245,39 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 
     long result = 0;
     char *buf = buffer.buf;
+    char small[REPLY_COPY_MAX]; /* a short answer, copied so its object goes before the GIL does */
+    /* Not NULL: the last request's answer was written without the GIL, which this worker then does not
+     * take again until its next request came (see answer_nogil below). Every path that leaves the loop
+     * or touches a Python object holds the GIL. */
+    PyThreadState *released = NULL;
     for (;;) {
         int abandoned = 0;
-        PyObject *flag = PyObject_GetAttr(worker, s_abandoned);
-        if (flag == NULL)
-            goto fail;
-        abandoned = PyObject_IsTrue(flag);
-        Py_DECREF(flag);
-        if (abandoned < 0)
-            goto fail;
-        if (abandoned)
-            break;
+        PyObject *flag;
+        if (released == NULL) { /* (after an answer written without the GIL: checked just before it) */
+            flag = PyObject_GetAttr(worker, s_abandoned);
+            if (flag == NULL)
+                goto fail;
+            abandoned = PyObject_IsTrue(flag);
+            Py_DECREF(flag);
+            if (abandoned < 0)
+                goto fail;
+            if (abandoned)
+                break;
+            released = PyEval_SaveThread();
+        }
 
-        if (take_place(places, &me))
-            break; /* the connection is gone */
-        ssize_t n;
+        ssize_t n = 0;
         int read_errno = 0;
-        Py_BEGIN_ALLOW_THREADS
-        n = read(fd, buf, (size_t)buffer.len);
-        if (n < 0)
-            read_errno = errno;
-        Py_END_ALLOW_THREADS
+        int gone = take_place(places, &me);
+        if (!gone) {
+            n = read(fd, buf, (size_t)buffer.len);
+            if (n < 0)
+                read_errno = errno;
+        }
+        PyEval_RestoreThread(released);
+        released = NULL;
+        if (gone)
+            break; /* the connection is gone */
         if (n < 0) {
             if (read_errno == EINTR || read_errno == EAGAIN || read_errno == ENOENT) {
                 leave_place(places);
@@ -1281,10 +1328,7 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         }
         if (op == OP_RELEASE && later != NULL && later_push(later, buf, length)) {
             Py_DECREF(opcode); /* (kept before the answer: whoever takes the queue after it sees it) */
-            int code = write_reply(fd, unique, 0, NULL, 0);
-            if (code)
-                reply_failed(on_reply_error, code);
-            continue;
+            ANSWER_NOGIL(0, NULL, 0);
         }
         if (set_int(request, s_unique, unique) < 0 || PyObject_SetAttr(request, s_opcode, opcode) < 0 ||
             set_int(request, s_nodeid, h->nodeid) < 0 || set_int(request, s_uid, h->uid) < 0 ||
@@ -1326,11 +1370,8 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
                     goto fail;
                 if (abandoned)
                     break; /* the watchdog answered it already */
-                Py_buffer part = {.buf = rbuf, .len = (Py_ssize_t)got};
-                int code = write_reply(fd, unique, 0, &part, 1);
-                if (code)
-                    reply_failed(on_reply_error, code);
-                continue;
+                Py_buffer part = {.buf = rbuf, .len = (Py_ssize_t)got}; /* (the loop's own buffer) */
+                ANSWER_NOGIL(0, &part, 1);
             }
         }
         PyObject *body = PyMemoryView_FromMemory(buf + sizeof *h, (Py_ssize_t)(length - sizeof *h), PyBUF_READ);
@@ -1371,6 +1412,26 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
             Py_DECREF(opcode);
             goto fail;
         }
+        PyObject *after = PyObject_GetAttr(request, s_after);
+        if (after == NULL) {
+            Py_XDECREF(reply);
+            Py_DECREF(opcode);
+            goto fail;
+        }
+        /* A short answer and nothing to run after it (every answer but a READ's views): written
+         * without the GIL, and the worker goes on to its next read without taking it back. */
+        if (!abandoned && after == Py_None &&
+            (error || reply == Py_None || (PyBytes_CheckExact(reply) && PyBytes_GET_SIZE(reply) <= REPLY_COPY_MAX))) {
+            Py_buffer part = {.buf = small, .len = 0};
+            if (!error && reply != Py_None) {
+                part.len = PyBytes_GET_SIZE(reply);
+                memcpy(small, PyBytes_AS_STRING(reply), (size_t)part.len);
+            }
+            Py_XDECREF(reply);
+            Py_DECREF(after);
+            Py_DECREF(opcode);
+            ANSWER_NOGIL(error ? -error : 0, &part, part.len ? 1 : 0);
+        }
         if (!abandoned) { /* (abandoned: the watchdog answered this request already) */
             if (error) {
                 int code = write_reply(fd, unique, -error, NULL, 0);
@@ -1389,11 +1450,6 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
             }
         }
         Py_XDECREF(reply);
-        PyObject *after = PyObject_GetAttr(request, s_after);
-        if (after == NULL) {
-            Py_DECREF(opcode);
-            goto fail;
-        }
         if (after != Py_None) {
             PyObject *done = PyObject_CallNoArgs(after);
             if (done == NULL)

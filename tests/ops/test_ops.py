@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -821,6 +822,53 @@ def test_a_reply_of_many_buffers_arrives_whole_and_in_order(count: int) -> None:
         assert fk.reply(unique)[0] == 0
         for _ in range(3):
             assert fk.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), 1) == (0, b"".join(parts))
+    finally:
+        fk.close()
+        session.wait(5)
+        session.close()
+
+
+def test_answers_short_and_long_errors_and_none_arrive_exact_from_many_workers() -> None:
+    """Every kind of answer, in requests sent back to back and many in flight at once: bytes up to the
+    native loop's copy bound (written without the GIL, the worker going on to its next read without it)
+    and just above it, None (success, no payload), an errno, and a reply after which the handler's
+    ``after`` runs (always on the GIL's path). Each request's own answer arrives, whole."""
+    bound = 4096  # REPLY_COPY_MAX in daemon/kernel/_loop.c
+    sizes = [0, 1, 144, bound - 1, bound, bound + 1, 3 * bound]
+    after_ran: list[int] = []
+
+    def answer(request: Any, body: memoryview) -> Any:
+        kind, value = struct.unpack("<II", bytes(body[:8]))
+        if kind == 0:
+            return bytes([value % 251]) * value
+        if kind == 1:
+            return None
+        if kind == 2:
+            raise OSError(value, "asked for")
+        request.after = lambda: after_ran.append(value)
+        return bytes([value % 251]) * value
+
+    cases = [(0, n) for n in sizes] + [(1, 0), (2, errno.ENOENT), (2, errno.EACCES)] + [(3, n) for n in sizes]
+    fk = FakeKernel()
+    session = Session(fk.fd, {Op.GETATTR: answer}, Wishes(), threads=4)
+    unique = fk.send(Op.INIT, init_body())
+    session.start()
+    try:
+        assert fk.reply(unique)[0] == 0
+        for _ in range(20):
+            sent = [(fk.send(Op.GETATTR, struct.pack("<II", kind, value)), kind, value) for kind, value in cases]
+            for u, kind, value in sent:
+                err, payload = fk.reply(u)
+                if kind == 2:
+                    assert (err, payload) == (value, b"")
+                elif kind == 1:
+                    assert (err, payload) == (0, b"")
+                else:
+                    assert (err, payload) == (0, bytes([value % 251]) * value)
+        deadline = time.monotonic() + 5
+        while len(after_ran) < 20 * len(sizes) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(after_ran) == sorted(sizes * 20)
     finally:
         fk.close()
         session.wait(5)
