@@ -780,6 +780,19 @@ class SourceFile:
             total += n
         return total
 
+    def cached_share(self) -> float | None:
+        """Share of the file the source holds in its page cache (:func:`cached_share`; None: unknown)."""
+        return cached_share(self.fd, self.size)
+
+    def forget_pages(self) -> None:
+        """Ask the source to drop the file from its page cache (``POSIX_FADV_DONTNEED``; pages in use
+        stay, errors are ignored): what a read of fastfs's own brought in, its read-ahead included,
+        which the reader must not find there (see :meth:`fastfs.fsio.probe.FormatProbe.loader_maps`)."""
+        try:
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+
     def close(self) -> None:
         with _direct_lock:
             fds = [self.fd, *self._streams]

@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 from conftest import FASTFS, mounted, wait_for
 
+from fastfs.fsio.source import cached_share
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
@@ -132,6 +134,35 @@ def _read_file(path: Path) -> bytes:
         while chunk := f.read(MIB):
             out += chunk
     return bytes(out)
+
+
+def test_the_head_read_to_choose_a_route_is_not_left_in_the_clients_page_cache(tmp_path) -> None:
+    """The first bytes fastfs reads at a large file's first open on a stream client, to choose its route,
+    are dropped from the client's page cache again. Left there, the loader's first read on the handle
+    it reads through began past them with the kernel's next two read-ahead windows in flight at once,
+    and the client started its download at whichever came first: now and then the later one, and the
+    earlier one then restarted it, window after window (the test below failed so in 5 runs of 108)."""
+    src = tmp_path / "data"
+    src.mkdir()
+    (src / "shard.bin").write_bytes(os.urandom(8 * MIB))  # no known format: its head is read to decide
+    with emulated(str(src), str(tmp_path / "emu"), behaviour=Behaviour.parse(STREAM_SPEC)) as emu:
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        with mounted(emu.mnt, mnt, options=["readahead.source_shape=sequential"]) as m:
+            fd = os.open(mnt / "shard.bin", os.O_RDONLY)  # the open reads the head, then passes through
+            try:
+                assert m.stats()["counters"]["stream_route_passthrough"] == 1
+                client = os.open(Path(emu.mnt) / "shard.bin", os.O_RDONLY)
+                try:
+                    share = cached_share(client, 8 * MIB)
+                finally:
+                    os.close(client)
+                if share is None:
+                    pytest.skip("cachestat(2) is not available (Linux 6.5+)")
+                assert share == 0.0
+                assert os.pread(fd, 4096, 0) == (src / "shard.bin").read_bytes()[:4096]
+            finally:
+                os.close(fd)
 
 
 def test_on_a_stream_source_a_large_file_passes_through_unless_its_loader_maps_it(tmp_path) -> None:
