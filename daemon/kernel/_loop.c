@@ -87,7 +87,7 @@ struct out_header {
  * more, which only a read of many small blocks makes, is joined into one first (the kernel takes at
  * most IOV_MAX, 1024, buffers per writev). */
 #define MAX_PARTS 64
-/* Answers up to this size are copied and written without the GIL (answer_nogil): every metadata
+/* Answers up to this size are copied and written without the GIL (ANSWER_NOGIL): every metadata
  * answer (an entry is 144 bytes, attributes 120, an open 32) and a page of a listing. */
 #define REPLY_COPY_MAX 4096
 /* In the request loop, holding the GIL and no Python object: write the answer without the GIL and go on
@@ -1006,7 +1006,6 @@ static double monotonic_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Write the header (and the buffers of *parts*) without the GIL; returns 0 or the errno of the write. */
 /* Write one reply: a header and *nparts* buffers by one writev; 0 or the errno. Without the GIL (the
  * caller holds no Python object it needs across the call, or has released the GIL around it). */
 static int write_reply_nogil(int fd, uint64_t unique, int32_t error, Py_buffer *parts, int nparts)
@@ -1247,7 +1246,7 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     char *buf = buffer.buf;
     char small[REPLY_COPY_MAX]; /* a short answer, copied so its object goes before the GIL does */
     /* Not NULL: the last request's answer was written without the GIL, which this worker then does not
-     * take again until its next request came (see answer_nogil below). Every path that leaves the loop
+     * take again until its next request came (see ANSWER_NOGIL). Every path that leaves the loop
      * or touches a Python object holds the GIL. */
     PyThreadState *released = NULL;
     for (;;) {
