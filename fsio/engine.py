@@ -94,7 +94,7 @@ from fastfs.fsio.readpath import DirectOffer, DirectTally, ReadPath, ReplyParts
 from fastfs.fsio.refresh import MIN_FILE_PERIOD, Refresher
 from fastfs.fsio.scanner import Scanner
 from fastfs.fsio.shape import Shaper, SourceFacts
-from fastfs.fsio.source import FileKey, Source, SourceFile, cached_share, jump_probe, stat_key
+from fastfs.fsio.source import FileKey, Source, SourceFile, jump_probe, stat_key
 from fastfs.fsio.trace import DecisionLog
 
 if TYPE_CHECKING:
@@ -484,7 +484,7 @@ class Engine:
         src = self.source.open_file(path)
         try:
             before = self._resident(src)
-            os.posix_fadvise(src.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            src.forget_pages()
             return max(0, before - self._resident(src))
         finally:
             src.close()
@@ -499,8 +499,7 @@ class Engine:
 
     @staticmethod
     def _resident(src: SourceFile) -> int:
-        share = cached_share(src.fd, src.size)
-        return int((share or 0.0) * src.size)
+        return int((src.cached_share() or 0.0) * src.size)
 
     def warm_block(self, entry: FileEntry, index: int) -> Block | None:
         """Reserve block *index* of *entry* and queue its fill at prefetch priority; the block comes

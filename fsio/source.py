@@ -785,13 +785,10 @@ class SourceFile:
         return cached_share(self.fd, self.size)
 
     def forget_pages(self) -> None:
-        """Ask the source to drop the file from its page cache (``POSIX_FADV_DONTNEED``; pages in use
-        stay, errors are ignored): what a read of fastfs's own brought in, its read-ahead included,
-        which the reader must not find there (see :meth:`fastfs.fsio.probe.FormatProbe.loader_maps`)."""
-        try:
-            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
+        """Ask the source to drop the file from its page cache (``POSIX_FADV_DONTNEED``: clean pages
+        not in use): a warm's evict, or what a read of fastfs's own brought in, its read-ahead included,
+        which the reader must not find there (:meth:`fastfs.fsio.probe.FormatProbe.loader_maps`)."""
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
         with _direct_lock:
