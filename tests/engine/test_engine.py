@@ -873,9 +873,13 @@ def test_shuffled_scan_of_a_directory_larger_than_the_budget_wastes_nothing(tmp_
         engine.close()
 
 
-def test_a_new_epoch_over_files_the_kernel_holds_fetches_metadata_only(tmp_path, monkeypatch):
+@pytest.mark.parametrize("skipped_first", [False, True])
+def test_a_new_epoch_over_files_the_kernel_holds_fetches_metadata_only(tmp_path, monkeypatch, skipped_first):
     """Second pass on the same mount: the kernel keeps the files' pages, so the scan fetches no data,
-    only the metadata, and the opens (of inodes opened before) need no source round trip."""
+    only the metadata, and the opens (of inodes opened before) need no source round trip.
+    *skipped_first*: epoch 1's scan left the first file epoch 2 opens to its reader (opened first: no
+    metadata kept), as a race decides now and then; epoch 2's scan starts after that open and does not
+    plan it, so the wait is for the files still to come, not for all of them (it timed out so)."""
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     data = {f"f{i:03d}": random.Random(i).randbytes(3000) for i in range(60)}
@@ -897,11 +901,13 @@ def test_a_new_epoch_over_files_the_kernel_holds_fetches_metadata_only(tmp_path,
         monkeypatch.setattr(engine.source, "open_file", lambda p: opens.append(p) or real_open(p))
         order = sorted(data)
         random.Random(3).shuffle(order)
+        if skipped_first:
+            engine.scanner.forget([f"/d/{order[0]}"])
         for i, name in enumerate(order):  # epoch 2: the kernel serves the data (cached=True)
             r = engine.open(f"/d/{name}", cached=True)
             engine.release(r.fh)
             if i == 5:
-                assert wait_until(lambda: engine.scanner.meta_count() >= len(data))
+                assert wait_until(lambda: all(engine.scanner.meta(f"/d/{n}") is not None for n in order[6:]))
         assert engine.snapshot()["counters"]["bytes_fetched_prefetch"] == fetched  # no data fetched again
         assert len(opens) <= 12, opens  # the first few opens before the scan's metadata came
     finally:
