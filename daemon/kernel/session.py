@@ -698,8 +698,11 @@ class Session:
             workers = list(self._workers)
             abandoned = self._abandoned
         requests: dict[str, int] = {}
-        for worker in workers:
-            for opcode, n in list(worker.counts.items()):
+        counts = [list(worker.counts.items()) for worker in workers]
+        if self._places is not None:  # (requests of no handler the native loop answered without the GIL)
+            counts.append(list(self._places.answered().items()))
+        for items in counts:
+            for opcode, n in items:
                 key = _name(opcode).lower()
                 requests[key] = requests.get(key, 0) + n
         return {

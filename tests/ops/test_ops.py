@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
+import select
 import stat
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -869,6 +872,54 @@ def test_answers_short_and_long_errors_and_none_arrive_exact_from_many_workers()
         while len(after_ran) < 20 * len(sizes) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert sorted(after_ran) == sorted(sizes * 20)
+    finally:
+        fk.close()
+        session.wait(5)
+        session.close()
+
+
+def test_a_request_of_no_handler_is_answered_while_a_handler_holds_the_gil(request_loop: str) -> None:
+    """The native loop answers a request no handler takes (Python's ``open()`` sends FUSE_IOCTL on every
+    file it opens, to ask whether it is a terminal) with ENOSYS without taking the GIL: a GETATTR
+    handler holds the GIL (C calls through ``ctypes.PyDLL`` keep it) while it sends an IOCTL and waits
+    for its answer on the fake kernel's socket. The answer arrives meanwhile, and every such request is
+    counted with the session's requests."""
+    if request_loop == "python":
+        pytest.skip("the Python loop answers every request holding the GIL")
+    libc = ctypes.PyDLL(None, use_errno=True)  # (PyDLL: the GIL stays held across each call)
+    fk = FakeKernel()
+    kernel_fd = fk.kernel.fileno()
+    seen: list[tuple[int, int]] = []
+
+    def hold(request: Any, body: memoryview) -> bytes:
+        header = abi.IN_HEADER.pack(abi.IN_HEADER.size, Op.IOCTL, 1001, 1, 0, 0, 1, 0, 0)
+        assert libc.send(kernel_fd, header, len(header), 0) == len(header)
+        reply = ctypes.create_string_buffer(4096)
+        pfd = ctypes.create_string_buffer(struct.pack("ihh", kernel_fd, select.POLLIN, 0), 8)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            if libc.poll(pfd, 1, 100) == 1:  # (milliseconds, with the GIL held)
+                got = libc.recv(kernel_fd, reply, len(reply), 0)
+                _, error, unique = abi.OUT_HEADER.unpack_from(reply.raw[:got])
+                seen.append((unique, -error))
+                break
+        return b"held"
+
+    session = Session(fk.fd, {Op.GETATTR: hold}, Wishes(), threads=4)
+    unique = fk.send(Op.INIT, init_body())
+    session.start()
+    interval = sys.getswitchinterval()
+    try:
+        assert fk.reply(unique)[0] == 0
+        sys.setswitchinterval(60)  # no thread waiting for the GIL gets it from the handler meanwhile
+        try:
+            assert fk.call(Op.GETATTR) == (0, b"held")
+        finally:
+            sys.setswitchinterval(interval)
+        assert seen == [(1001, errno.ENOSYS)]  # answered while the handler held the GIL
+        for _ in range(3):
+            assert fk.call(Op.IOCTL, b"\0" * 32) == (errno.ENOSYS, b"")
+        assert session.counters()["requests"]["ioctl"] == 4
     finally:
         fk.close()
         session.wait(5)
