@@ -126,7 +126,8 @@ class MetaEntry(NamedTuple):
 
 @dataclass
 class DirScan:
-    """Scan state of one directory (every field guarded by ``lock``)."""
+    """Scan state of one directory (every field guarded by ``lock``; a fetch about to start reads
+    ``policy.opened`` without it, as a hint: the reader may open the file right after either way)."""
 
     policy: ScanPolicy
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -481,17 +482,26 @@ class Scanner:
         finally:
             self._pump(dir_path, ds, finished=counted)
 
-    def _pump(self, dir_path: str, ds: DirScan, finished: bool = False) -> None:
+    def _pump(self, dir_path: str, ds: DirScan, finished: bool = False, fetched: tuple[str, int] | None = None) -> None:
         """Keep up to SCAN_PARALLEL fetches in flight and SCAN_LEAD_FILES (and a share of the budget)
         fetched ahead. *finished*: called by a fetch that ended, which leaves the in-flight count in
         the same locked step that counts its successor, so ``inflight`` never reads 0 while a
-        finishing fetch is about to submit the next one (a scan seen idle is idle)."""
+        finishing fetch is about to submit the next one (a scan seen idle is idle); *fetched*: the
+        name and cache capacity of the file it fetched, counted in that step too (one take of the
+        scan's lock per fetch: its pool workers queued on it)."""
         prefix = dir_path.rstrip("/") + "/"
         while True:
             with ds.lock:
                 if finished:
                     ds.inflight -= 1
                     finished = False
+                    if fetched is not None:
+                        name, capacity = fetched
+                        ds.sized += 1
+                        ds.sized_bytes += capacity
+                        if name not in ds.ahead and name not in ds.policy.opened:
+                            ds.ahead[name] = capacity
+                            ds.ahead_bytes += capacity
                 if (
                     not ds.queue
                     or ds.inflight >= SCAN_PARALLEL
@@ -540,12 +550,12 @@ class Scanner:
         """Worker: fetch one small file whole and remember its metadata (nothing when the reader
         opened it while the fetch waited for a worker: that open asked the source itself, and a
         second open of it here would be one more round trip for bytes the reader's own read fetches)."""
+        fetched: tuple[str, int] | None = None
         try:
             if self.closed:
                 return
-            with ds.lock:
-                opened = path.rsplit("/", 1)[1] in ds.policy.opened
-            if opened:
+            # (read without ds.lock, a hint as it would be with it: the reader may open it right after)
+            if path.rsplit("/", 1)[1] in ds.policy.opened:
                 self.stats.add(m.SCAN_SKIPPED)
                 return
             done = Latch()
@@ -554,41 +564,43 @@ class Scanner:
                     return
                 self._fetching[path] = done
             try:
-                self._fetch_whole(ds, path)
+                fetched = self._fetch_whole(ds, path)
             finally:
                 with self._meta_lock:
                     del self._fetching[path]
                 done.set()
         finally:
-            self._pump(dir_path, ds, finished=True)
+            self._pump(dir_path, ds, finished=True, fetched=fetched)
 
-    def _fetch_whole(self, ds: DirScan, path: str) -> None:
-        """The fetch of :meth:`_scan_fetch`: one open, one pread into block 0, the metadata remembered."""
+    def _fetch_whole(self, ds: DirScan, path: str) -> tuple[str, int] | None:
+        """The fetch of :meth:`_scan_fetch`: one open, one pread into block 0, the metadata remembered;
+        returns the file's name and the cache capacity it holds, for :meth:`_pump` to count in the
+        scan's state (None: nothing fetched)."""
         basis = self._basis(path)
         before = self.clock()
         try:
             src = self.source.open_file(path)
         except OSError:
-            return
+            return None
         try:
             if src.size > self.scan_max():
-                return
+                return None
             if self._scan_meta_only(path, src, basis, before):
-                return
+                return None
             if src.size > 0:
                 block, created = self.cache.reserve(src.key, 0, src.size, prefetched=True)
                 if block is None:
                     self.stats.add(m.BACKPRESSURE)
                     with ds.lock:
                         ds.queue.appendleft(path.rsplit("/", 1)[1])
-                    return
+                    return None
                 try:
                     if created:
                         try:
                             n = self.fills.timed_pread(src, 0, block.view[: src.size], path)
                         except OSError as e:
                             self.cache.fail(block, e.errno or errno.EIO)
-                            return
+                            return None
                         self.stats.add(m.BYTES_FETCHED_PREFETCH, n)
                         self.stats.file_bytes(path, fetched=n)
                         self.fills.complete_block(block, n, self._disk_key(path, src.key), src.size, src.size)
@@ -596,13 +608,7 @@ class Scanner:
                     self.cache.unpin(block)
             self.stats.add(m.SCAN_FILES)
             self.remember_meta(path, src.st, src.key, basis, before)
-            with ds.lock:
-                name = path.rsplit("/", 1)[1]
-                ds.sized += 1
-                ds.sized_bytes += round_up(src.size)
-                if name not in ds.ahead and name not in ds.policy.opened:
-                    ds.ahead[name] = round_up(src.size)
-                    ds.ahead_bytes += ds.ahead[name]
+            return path.rsplit("/", 1)[1], round_up(src.size)
         finally:
             src.close()
 
