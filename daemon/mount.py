@@ -313,6 +313,7 @@ class Daemon:
                 on_abandon=self.ops.abandoned,
                 direct=self.ops.direct_table(),
                 late_release=fc.late_release,
+                spin_us=fc.spin_us,
             )
             assert self.engine is not None  # (_start_engine ran first)
             self.engine.inline_reads = True  # the watchdog bounds a read that hangs on its own thread

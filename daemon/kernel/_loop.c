@@ -60,6 +60,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <poll.h>
+#include <time.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -119,6 +121,7 @@ struct out_header {
 struct parked {
     sem_t wake;
     struct parked *next;
+    int busy; /* the worker is counted in Readers.busy: it got a request and has not come back to read */
 };
 
 typedef struct {
@@ -129,7 +132,71 @@ typedef struct {
     int ending;              /* the connection is gone: parked workers leave, none reads again (lock) */
     struct parked *parked;   /* the parked workers, the one parked last first (lock) */
     unsigned long long bare[TABLE_SIZE]; /* requests answered ENOSYS without the GIL, by opcode (lock) */
+    int busy;                /* workers between a request read and their next read (lock; read racily) */
+    uint64_t spin_ns;        /* how long a reader polls before it sleeps, 0: never (immutable) */
+    int spinner;             /* a reader is polling (atomic) */
+    uint64_t last_request;   /* monotonic ns of the last request read (atomic, relaxed) */
+    unsigned long long spun; /* requests a spinning reader read (atomic, relaxed) */
 } Readers;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Requests came this close together for a reader to poll for the next one. */
+#define SPIN_DENSE_NS 1000000u
+
+/* One device read, without the GIL. With spin_ns, while requests come close together, one reader at
+ * a time (the spinner) reads its descriptor non-blocking for up to spin_ns before it falls back to a
+ * blocking read: a reader asleep in the device read is woken by the kernel, on a VM a wake-up of an
+ * idle CPU, on the latency path of every request. *nonblock* tracks the O_NONBLOCK flag of this
+ * worker's own descriptor (a clone of the connection's), switched only when the worker becomes or
+ * stops being the spinner; the other readers wait in the blocking read, where the kernel wakes one. */
+static ssize_t read_request(Readers *r, int fd, char *buf, size_t len, int *nonblock, int may_spin)
+{
+    if (may_spin) {
+        uint64_t now = now_ns();
+        int idle = 0;
+        /* only while requests come one at a time (no other worker is serving one) and close together:
+         * a parallel load keeps the CPUs busy with its own requests, and a poll would take CPU from them */
+        if (__atomic_load_n(&r->busy, __ATOMIC_RELAXED) == 0 &&
+            now - __atomic_load_n(&r->last_request, __ATOMIC_RELAXED) < SPIN_DENSE_NS &&
+            __atomic_compare_exchange_n(&r->spinner, &idle, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+            if (!*nonblock && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0)
+                *nonblock = 1;
+            uint64_t deadline = now + r->spin_ns;
+            ssize_t n = -1;
+            int err = EAGAIN;
+            while (*nonblock) {
+                n = read(fd, buf, len);
+                err = errno;
+                if (n >= 0 || err != EAGAIN || now_ns() >= deadline)
+                    break;
+            }
+            __atomic_store_n(&r->spinner, 0, __ATOMIC_RELEASE);
+            if (n >= 0 || err != EAGAIN) {
+                if (n >= 0) {
+                    __atomic_store_n(&r->last_request, now_ns(), __ATOMIC_RELAXED);
+                    __atomic_add_fetch(&r->spun, 1, __ATOMIC_RELAXED);
+                }
+                errno = err;
+                return n;
+            }
+        }
+        if (*nonblock && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0)
+            *nonblock = 0;
+    }
+    ssize_t n = read(fd, buf, len);
+    if (n >= 0 && may_spin) {
+        int err = errno;
+        __atomic_store_n(&r->last_request, now_ns(), __ATOMIC_RELAXED);
+        errno = err;
+    }
+    return n;
+}
 
 /* Wait for a reader's place: 0 when taken, 1 when the connection is gone. *me* is the calling
  * worker's own parking place (made once per loop, so no semaphore is destroyed while a late post
@@ -140,6 +207,10 @@ static int take_place(Readers *r, struct parked *me)
      * takes the GIL only once a request came (waking to take it here made it wait for the handler of
      * the request that woke it, the GIL passed back and forth twice per request). */
     pthread_mutex_lock(&r->lock);
+    if (me->busy) {
+        r->busy--;
+        me->busy = 0;
+    }
     if (r->ending) {
         pthread_mutex_unlock(&r->lock);
         return 1;
@@ -163,12 +234,14 @@ static int take_place(Readers *r, struct parked *me)
 /* The calling worker got a request: when it was the last reader, the worker parked last takes a
  * reader's place (counted for it here) and is woken. *bare*: the request's opcode when the loop
  * answers it ENOSYS without the GIL (counted here, in the same locked step), else -1. */
-static void leave_place(Readers *r, int bare)
+static void leave_place(Readers *r, struct parked *me, int bare)
 {
     struct parked *woken = NULL;
     pthread_mutex_lock(&r->lock);
     if (bare >= 0)
         r->bare[bare]++;
+    r->busy++;
+    me->busy = 1;
     r->readers--;
     if (r->readers == 0 && r->parked != NULL && !r->ending) {
         woken = r->parked;
@@ -178,6 +251,17 @@ static void leave_place(Readers *r, int bare)
     pthread_mutex_unlock(&r->lock);
     if (woken != NULL)
         sem_post(&woken->wake);
+}
+
+/* A worker leaving its loop is no longer counted busy (an abandoned one left its request to others). */
+static void leave_busy(Readers *r, struct parked *me)
+{
+    pthread_mutex_lock(&r->lock);
+    if (me->busy) {
+        r->busy--;
+        me->busy = 0;
+    }
+    pthread_mutex_unlock(&r->lock);
 }
 
 /* The connection is gone: no worker reads again, the parked ones leave. */
@@ -197,9 +281,9 @@ static void end_places(Readers *r)
 
 static PyObject *Readers_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    int spare;
-    static char *kwlist[] = {"spare", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i", kwlist, &spare))
+    int spare, spin_us = 0;
+    static char *kwlist[] = {"spare", "spin_us", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|i", kwlist, &spare, &spin_us))
         return NULL;
     if (spare < 1) {
         PyErr_SetString(PyExc_ValueError, "spare must be at least 1");
@@ -214,6 +298,11 @@ static PyObject *Readers_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->ending = 0;
     self->parked = NULL;
     memset(self->bare, 0, sizeof self->bare);
+    self->spin_ns = spin_us > 0 ? (uint64_t)spin_us * 1000u : 0;
+    self->spinner = 0;
+    self->last_request = 0;
+    self->busy = 0;
+    self->spun = 0;
     return (PyObject *)self;
 }
 
@@ -258,9 +347,15 @@ static PyObject *Readers_answered(Readers *self, PyObject *unused)
     return result;
 }
 
+static PyObject *Readers_spun(Readers *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&self->spun, __ATOMIC_RELAXED));
+}
+
 static PyMethodDef Readers_methods[] = {
     {"end", (PyCFunction)Readers_end, METH_NOARGS, "The connection is gone: no worker reads again, the parked leave."},
     {"counts", (PyCFunction)Readers_counts, METH_NOARGS, "(readers, parked, ending): for tests."},
+    {"spun", (PyCFunction)Readers_spun, METH_NOARGS, "Requests read by a spinning reader (spin_us)."},
     {"answered", (PyCFunction)Readers_answered, METH_NOARGS,
      "{opcode: requests}: the requests of no handler the loops answered ENOSYS without the GIL."},
     {NULL, NULL, 0, NULL},
@@ -1025,7 +1120,7 @@ static PyTypeObject DirectType = {
 };
 
 static PyObject *s_unique, *s_opcode, *s_nodeid, *s_uid, *s_gid, *s_pid, *s_after, *s_current, *s_abandoned,
-    *s_counts, *s_errno;
+    *s_counts, *s_errno, *s_owns_fd;
 
 static double monotonic_seconds(void)
 {
@@ -1208,12 +1303,12 @@ PyDoc_STRVAR(serve_doc,
  * file it opens whether it is a terminal (an ioctl, TCGETS), which the kernel sends to the daemon
  * (it keeps no answer of FUSE_IOCTL): taking the GIL for that answer made a hot open() + close() of
  * one file cost twice an os.open() + close() (95 against 46 us, tmpfs source, 2-core VM). */
-static int bare_answer(Readers *places, const char *bare, const char *buf)
+static int bare_answer(Readers *places, struct parked *me, const char *bare, const char *buf)
 {
     uint32_t op = ((const struct in_header *)buf)->opcode;
     if (op >= TABLE_SIZE || !bare[op])
         return 0;
-    leave_place(places, (int)op);
+    leave_place(places, me, (int)op);
     return 1;
 }
 
@@ -1276,6 +1371,7 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     }
     sem_init(&me.wake, 0, 0);
     me.next = NULL;
+    me.busy = 0;
     PyObject *table[TABLE_SIZE];
     for (int op = 0; op < TABLE_SIZE; op++) {
         PyObject *key = PyLong_FromLong(op);
@@ -1299,6 +1395,14 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     }
 
     long result = 0;
+    int nonblock = 0; /* this worker's descriptor is non-blocking (it was the spinner last: read_request) */
+    /* A worker spins only on a descriptor of its own (a clone): the flag it switches is the descriptor's. */
+    PyObject *owns = PyObject_GetAttr(worker, s_owns_fd);
+    int may_spin = owns == NULL ? -1 : PyObject_IsTrue(owns);
+    Py_XDECREF(owns);
+    if (may_spin < 0)
+        goto fail;
+    may_spin = may_spin && places->spin_ns > 0;
     char *buf = buffer.buf;
     char small[REPLY_COPY_MAX]; /* a short answer, copied so its object goes before the GIL does */
     /* Not NULL: the last request's answer was written without the GIL, which this worker then does not
@@ -1325,11 +1429,11 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         int read_errno = 0;
         int gone = take_place(places, &me);
         if (!gone) {
-            n = read(fd, buf, (size_t)buffer.len);
+            n = read_request(places, fd, buf, (size_t)buffer.len, &nonblock, may_spin);
             if (n < 0)
                 read_errno = errno;
         }
-        if (n >= (ssize_t)sizeof(struct in_header) && bare_answer(places, bare, buf)) {
+        if (n >= (ssize_t)sizeof(struct in_header) && bare_answer(places, &me, bare, buf)) {
             int code = write_reply_nogil(fd, ((const struct in_header *)buf)->unique, -ENOSYS, NULL, 0);
             if (code) {
                 PyEval_RestoreThread(released);
@@ -1344,14 +1448,14 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
             break; /* the connection is gone */
         if (n < 0) {
             if (read_errno == EINTR || read_errno == EAGAIN || read_errno == ENOENT) {
-                leave_place(places, -1);
+                leave_place(places, &me, -1);
                 continue;
             }
             end_places(places);
             result = read_errno; /* ENODEV: unmounted or aborted */
             break;
         }
-        leave_place(places, -1);
+        leave_place(places, &me, -1);
         if (n < (ssize_t)sizeof(struct in_header)) {
             if (n == 0) { /* end of the connection (only a socket peer says so this way) */
                 end_places(places);
@@ -1525,6 +1629,7 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         if (abandoned)
             break;
     }
+    leave_busy(places, &me);
     sem_destroy(&me.wake); /* (not parked: nobody posts to it any more) */
     Py_DECREF(counts);
     PyBuffer_Release(&buffer);
@@ -1532,6 +1637,7 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     return PyLong_FromLong(result);
 
 fail:
+    leave_busy(places, &me);
     sem_destroy(&me.wake);
     Py_DECREF(counts);
     PyBuffer_Release(&buffer);
@@ -1564,7 +1670,7 @@ PyMODINIT_FUNC PyInit__loop(void)
     } names[] = {
         {&s_unique, "unique"}, {&s_opcode, "opcode"},   {&s_nodeid, "nodeid"}, {&s_uid, "uid"},
         {&s_gid, "gid"},       {&s_pid, "pid"},         {&s_after, "after"},   {&s_current, "current"},
-        {&s_abandoned, "abandoned"}, {&s_counts, "counts"}, {&s_errno, "errno"},
+        {&s_abandoned, "abandoned"}, {&s_counts, "counts"}, {&s_errno, "errno"}, {&s_owns_fd, "owns_fd"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].name);

@@ -267,6 +267,7 @@ class Session:
         native: bool | None = None,
         direct: Any = None,
         late_release: bool = False,
+        spin_us: int = 0,
     ) -> None:
         self.fd = fd
         self.native = (use_native_loop() if native is None else native) and native_loop is not None
@@ -283,8 +284,10 @@ class Session:
         self._late_released = 0  # RELEASEs served late; guarded by _late_lock
         # the worker named by the requests run late (a handler may look at it; nothing replies on it)
         self._late_worker = Worker(fd, False, _HEADER_SIZE, mmap.PAGESIZE)
-        # the native loop's reader places (its twin of _readers, _parked and _ending), or None
-        self._places = native_loop.Readers(SPARE_READERS) if self.native and native_loop is not None else None
+        # the native loop's reader places (its twin of _readers, _parked and _ending; with spin_us, the
+        # reading worker that keeps reading for the next request a while: see read_request in _loop.c),
+        # or None
+        self._places = native_loop.Readers(SPARE_READERS, spin_us) if self.native and native_loop is not None else None
         self.handlers = handlers
         self.wishes = wishes
         self.threads = threads
@@ -712,6 +715,7 @@ class Session:
             "abandoned_workers": abandoned,
             "workers": len(workers),
             "late_releases": None if self.later is None else self._late_released,
+            "spun_reads": None if self._places is None else self._places.spun(),
         }
 
     def wait(self, timeout: float | None = None) -> bool:

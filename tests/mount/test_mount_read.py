@@ -497,3 +497,49 @@ def test_mixed_readers_of_one_served_file_get_its_bytes(tmp_path: Path) -> None:
         assert m.stats()["counters"]["sequential_streams"] >= 1
         # every handle released is taken back (the kernel sends a close's RELEASE after close returns)
         assert wait_for(lambda: m.stats()["kernel"]["direct_handles"] == 0, 10)
+
+
+@pytest.mark.parametrize("spin_us", [200, 0])
+def test_a_spinning_reader_answers_requests_close_together_and_after_pauses(tmp_path: Path, spin_us: int) -> None:
+    """With ``fuse.spin_us`` the worker reading the device keeps reading, non-blocking, for the next
+    request while a reader sends one at a time: those requests are counted (``spun_reads``) and answered
+    with the version's bytes. After pauses longer than the spin (and than the 1 ms within which requests
+    count as close together) the workers sleep in the device read again and still answer every request;
+    16 threads at once (other workers busy, no spin) get their bytes too. 0: no worker ever spins."""
+    from fastfs.daemon.kernel import session
+
+    if session.native_loop is None:
+        pytest.skip("the native request loop is not built (no C compiler at install)")
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {f"f{i:03d}": rand_bytes(1000 + 37 * i, i) for i in range(300)}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with mounted(src, mnt, [f"fuse.spin_us={spin_us}", "fuse.passthrough=off"]) as m:
+        names = sorted(files)
+        for name in names[:200]:  # one at a time, back to back
+            with open(mnt / name, "rb") as f:
+                assert f.read() == files[name]
+        for name in names[200:220]:  # each after a pause
+            time.sleep(0.005)
+            assert (mnt / name).read_bytes() == files[name]
+        errors: list[str] = []
+
+        def reader(part: list[str]) -> None:
+            for name in part:
+                if (mnt / name).read_bytes() != files[name]:
+                    errors.append(name)
+
+        threads = [threading.Thread(target=reader, args=(names[220 + i :: 16],)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        spun = m.stats()["kernel"]["spun_reads"]
+        if spin_us:
+            assert spun > 100  # of the ~1,000 requests of the back-to-back part
+        else:
+            assert spun == 0
