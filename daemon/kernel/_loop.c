@@ -33,6 +33,15 @@
  * answered ENOSYS, as the Python loop answers it, but without taking the GIL (bare_answer: Python's
  * open() sends an IOCTL for every file); those requests are counted in Readers.answered.
  *
+ * Spinning (Readers spin_us, fuse.spin_us). While requests come one at a time (no other worker serving
+ * one) and close together, the worker reading the device keeps reading its own descriptor
+ * non-blocking for up to spin_us before it falls back to the blocking read (read_request). A worker
+ * asleep in the device read is woken by the kernel, on a VM the wake-up of an idle CPU, and that was on
+ * the path of every request of a reader waiting for each answer. Measured on a 2-core VM, tmpfs
+ * source, one reader opening and reading 10,000 files of 3 KiB with Python's open(): 161-178 us a file
+ * with 30 us against 202-219 without; over loopback sshfs the 16-thread and DataLoader rows did not
+ * get slower (busy workers: no spin).
+ *
  * Direct reads (Direct). A READ of a handle the engine has handed over (Direct.add: its own
  * descriptor, the version's size, the windows where a read would join one of the file's streams) is
  * answered here by pread into a buffer of the loop's, without calling the handler: the engine
