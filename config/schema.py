@@ -172,11 +172,12 @@ class FuseConfig:
     """Microseconds a worker of the request loop keeps reading for the next request before it sleeps,
     while requests come one at a time and close together (within a millisecond, no other request being
     served) and after a request it answered within 100 us (not one that waited on a network source,
-    where a spin took CPU that source's client needed): a sleeping worker is woken by the kernel, on a VM the wake-up of an idle CPU, on the path
-    of every request of a reader that waits for each answer (first pass over 10,000 small files on
-    tmpfs, 2-core VM: 161-178 against 202-219 us a file). Costs that CPU time per request while it
-    lasts; parallel readers keep other workers busy, and then no worker spins. 0: never (the native
-    loop only; a worker sharing the connection's descriptor never spins)."""
+    where a spin took CPU that source's client needed): a sleeping worker is woken by the kernel, on a
+    VM the wake-up of an idle CPU, on the path of every request of a reader that waits for each answer
+    (first pass over 10,000 small files on tmpfs, 2-core VM: 161-192 against 202-219 us a file). Costs
+    that CPU time per request while it lasts; parallel readers keep other workers busy, and then no
+    worker spins. 0: never (the native loop only; a worker sharing the connection's descriptor never
+    spins)."""
     request_timeout: float = 60.0
     """Seconds a metadata request (lookup, getattr, open, readdir, xattr) may wait for the source
     before it fails with EIO and its thread is replaced, so a hung source cannot stall the mount
