@@ -122,3 +122,26 @@ def test_probe_hop_reads_over_sshfs_through_the_reference_and_fastfs(tmp_path, c
     assert "answered" in out and "of 40 reads itself" in out, out
     with open("/proc/self/mounts") as f:
         assert "probe-hop." not in f.read()  # its three mounts are gone
+
+
+@needs_fuse
+def test_probe_hop_small_files_reads_them_through_every_contender(tmp_path, capsys):
+    """probe_hop.py --small: a parallel cold pass over small files on sshfs, libfuse's example and
+    fastfs; each prints its time and the requests sftp-server answered, and no mount is left."""
+    from benchkit import netsources
+
+    if any(shutil.which(t) is None and not os.path.exists(t) for t in ("sshfs", netsources.SSHD, "unshare")):
+        pytest.skip("sshfs is not installed (make bench-deps)")
+    cache = str(tmp_path / "cache")
+    _reference(cache)
+    import probe_hop
+
+    assert probe_hop.main(["--small", "30", "--threads", "4", "--rounds", "1", "--cache-dir", cache]) == 0
+    out = capsys.readouterr().out
+    assert "4 threads over 30 files of 3 KiB" in out, out
+    for name in ("direct", "libfuse", "fastfs"):
+        line = next(x for x in out.splitlines() if x.startswith(f"  {name} "))
+        requests = int(line.rsplit("sftp requests ", 1)[1])
+        assert 30 <= requests < 200, line  # every file reached the server, through every contender
+    with open("/proc/self/mounts") as f:
+        assert "probe-hop." not in f.read()

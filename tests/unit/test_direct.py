@@ -4,7 +4,12 @@ stream (a hypothesis walk against a policy that sees every read)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import struct
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +75,58 @@ def test_the_descriptor_is_the_tables_own(data_fd, tmp_path: Path) -> None:
     d.remove(5)
     assert len(os.listdir("/proc/self/fd")) == before - 1 and len(d) == 0
     assert d.read(5, 100_000, 4096) is None
+
+
+def _lingering_socket() -> tuple[int, socket.socket, socket.socket]:
+    """A descriptor whose last close blocks for a second: a TCP socket lingering (SO_LINGER 1 s) with
+    unsent bytes its peer never reads, as the last close of a FUSE or network file waits on its
+    daemon. Returns (the descriptor, and the listener and peer to close after)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    sock = socket.create_connection(listener.getsockname())
+    peer, _ = listener.accept()
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 1))
+    sock.setblocking(False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            sock.send(b"x" * 65536)
+    return sock.detach(), listener, peer
+
+
+def test_a_handle_s_descriptor_is_closed_without_the_gil() -> None:
+    """The table's last close of a source file may wait (a FLUSH round trip on a FUSE source): other
+    threads' Python runs meanwhile. Held across the close, the GIL stalled every handler of the mount
+    (over loopback sshfs, a fifth of the time the GIL was held in a 16-thread pass)."""
+    fd, listener, peer = _lingering_socket()
+    d = table()
+    d.add(5, fd, 1 << 20, [])
+    os.close(fd)  # the table's duplicate is the last reference: its close lingers
+    ticks = 0
+    done = threading.Event()
+
+    def count() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        time.sleep(0.05)
+        t0, before = time.monotonic(), ticks
+        d.remove(5)
+        took, during = time.monotonic() - t0, ticks - before
+    finally:
+        done.set()
+        counter.join()
+        peer.close()
+        listener.close()
+    assert took >= 0.5  # the close did linger (else this test shows nothing)
+    assert len(d) == 0
+    assert during >= 50, f"no other thread ran while the close lingered {took:.2f} s ({during} ticks)"
 
 
 @pytest.mark.parametrize(
