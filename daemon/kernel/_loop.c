@@ -675,8 +675,8 @@ static void direct_free(struct direct_entry *e)
     free(e);
 }
 
-/* direct_free from a method called with the GIL: the close is I/O (on a FUSE or network source the
- * last close of a file is a FLUSH round trip to its daemon, on sshfs 0.1-0.3 ms under load), and
+/* direct_free from a method called with the GIL: the close is I/O (on a FUSE source every close of a
+ * file is a FLUSH round trip to its daemon; a network file's last close may wait on its server), and
  * holding the GIL across it stalled every other handler of the mount meanwhile. */
 static void direct_free_unlocked(struct direct_entry *e)
 {
