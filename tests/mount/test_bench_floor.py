@@ -103,10 +103,8 @@ def test_one_round_measures_every_contender(tmp_path, capsys):
         assert MOUNT_ROOT not in f.read()  # every contender unmounted
 
 
-@needs_fuse
-def test_probe_hop_reads_over_sshfs_through_the_reference_and_fastfs(tmp_path, capsys):
-    """probe_hop.py's whole run, small: sshfs to a loopback sshd, libfuse's example and fastfs over it;
-    it prints a time per contender and how many reads fastfs's loop answered, and leaves no mount."""
+def _probe_hop(tmp_path):
+    """probe_hop (imported) and a built reference's cache directory; skips without sshfs."""
     from benchkit import netsources
 
     if any(shutil.which(t) is None and not os.path.exists(t) for t in ("sshfs", netsources.SSHD, "unshare")):
@@ -115,6 +113,14 @@ def test_probe_hop_reads_over_sshfs_through_the_reference_and_fastfs(tmp_path, c
     _reference(cache)
     import probe_hop
 
+    return probe_hop, cache
+
+
+@needs_fuse
+def test_probe_hop_reads_over_sshfs_through_the_reference_and_fastfs(tmp_path, capsys):
+    """probe_hop.py's whole run, small: sshfs to a loopback sshd, libfuse's example and fastfs over it;
+    it prints a time per contender and how many reads fastfs's loop answered, and leaves no mount."""
+    probe_hop, cache = _probe_hop(tmp_path)
     assert probe_hop.main(["--count", "40", "--rounds", "1", "--mib", "4", "--cache-dir", cache]) == 0
     out = capsys.readouterr().out
     for name in ("direct", "libfuse", "fastfs"):
@@ -128,14 +134,7 @@ def test_probe_hop_reads_over_sshfs_through_the_reference_and_fastfs(tmp_path, c
 def test_probe_hop_small_files_reads_them_through_every_contender(tmp_path, capsys):
     """probe_hop.py --small: a parallel cold pass over small files on sshfs, libfuse's example and
     fastfs; each prints its time and the requests sftp-server answered, and no mount is left."""
-    from benchkit import netsources
-
-    if any(shutil.which(t) is None and not os.path.exists(t) for t in ("sshfs", netsources.SSHD, "unshare")):
-        pytest.skip("sshfs is not installed (make bench-deps)")
-    cache = str(tmp_path / "cache")
-    _reference(cache)
-    import probe_hop
-
+    probe_hop, cache = _probe_hop(tmp_path)
     assert probe_hop.main(["--small", "30", "--threads", "4", "--rounds", "1", "--cache-dir", cache]) == 0
     out = capsys.readouterr().out
     assert "4 threads over 30 files of 3 KiB" in out, out
