@@ -43,19 +43,20 @@ bytes-like payload, a list of them (sent in order by one writev), None (success 
 or :data:`NO_REPLY` for requests that take none (FORGET, INTERRUPT). An ``OSError`` becomes an
 error reply with its errno; any other exception EIO.
 
-Watchdog. A source that stops answering must not take the daemon with it: one thread looks at
-every worker's current request every :data:`WATCHDOG_TICK` seconds. A request older than its
-timeout (``request_timeout`` for metadata requests; reads have their own, shorter deadline in the
-engine and get ``read_timeout`` plus a margin here) is answered EIO from the watchdog, on the
-worker's descriptor; the worker is abandoned (its late reply is dropped, it exits once its handler
-returns), the adapter is told (``on_abandon``: the engine counts the read as stuck) and a new worker
-takes its place, up to :data:`MAX_ABANDONED` abandoned at once. A
-request the kernel interrupted (the caller got a signal, ``FUSE_INTERRUPT``) is answered EINTR
-that way after :data:`INTERRUPT_GRACE` seconds if the handler has not finished by then. Reads the
-kernel sends as asynchronous read-ahead are never interrupted by the kernel (their reader sleeps on
-a page lock that only a fatal signal wakes), so a READ older than :data:`SIGNAL_POLL_AGE` whose
-reader (the header's pid) has a signal pending (:func:`signal_pending`) is answered EINTR the same
-way: the kernel then reads the page synchronously, and that request the signal interrupts.
+Watchdog. A source that stops answering must not take the daemon with it: one thread looks at every
+worker's current request every :data:`WATCHDOG_TICK` seconds. A request older than its timeout
+(``request_timeout`` for metadata requests; reads have their own, shorter deadline in the engine and
+get ``read_timeout`` plus a margin here) is answered EIO from the watchdog, on the worker's
+descriptor; the worker is abandoned (its late reply is dropped, it exits once its handler returns),
+the adapter is told before the answer is written (``on_abandon``: the engine counts the read as
+stuck, so the kernel's retry of the page fails at once) and a new worker takes its place, up to
+:data:`MAX_ABANDONED` abandoned at once. A request the kernel interrupted (the caller got a signal,
+``FUSE_INTERRUPT``) is answered EINTR that way after :data:`INTERRUPT_GRACE` seconds if the handler
+has not finished by then. Reads the kernel sends as asynchronous read-ahead are never interrupted by
+the kernel (their reader sleeps on a page lock that only a fatal signal wakes), so a READ older than
+:data:`SIGNAL_POLL_AGE` whose reader (the header's pid) has a signal pending
+(:func:`signal_pending`) is answered EINTR the same way: the kernel then reads the page
+synchronously, and that request the signal interrupts.
 
 Shutdown: the connection is gone once every worker still serving has read its end (``ENODEV``);
 :meth:`Session.wait` returns then. Abandoned workers are not waited for: one may stay stuck in a
@@ -647,12 +648,16 @@ class Session:
             worker.abandoned = True
             self._abandoned += 1
             replace = self._abandoned <= MAX_ABANDONED and not self._closed
-        self._send(worker.fd, current[0], -error, ())
+        # the adapter first: the kernel may send the next request for the same page the moment it has
+        # the answer (it reads a page again after its read-ahead failed), and that one must find the
+        # handle taken back from the native loop's direct reads, the file counted stuck (it then fails
+        # at once instead of waiting for a second deadline)
         if self.on_abandon is not None:
             try:
                 self.on_abandon(current[1], worker.view[_HEADER_SIZE:])  # the request is still in the buffer
             except Exception:  # noqa: BLE001 - the watchdog must go on
                 log.exception("abandon hook failed")
+        self._send(worker.fd, current[0], -error, ())
         if replace:
             self._spawn()
 

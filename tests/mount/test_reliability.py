@@ -325,7 +325,8 @@ def test_hanging_source_bounds_the_reads_the_loop_answers(faulty) -> None:
                 r = _bounded(step, HANG_READ_BOUND)
                 assert r["errno"] in ("EIO", "ETIMEDOUT"), r
                 # the handle goes back to the engine and the read counts as stuck there (the watchdog
-                # answers the request first, then tells the adapter)
+                # tells the adapter before it answers the request: the kernel's retry of the page, sent
+                # the moment the answer arrives, fails at once, and the count stays at one)
                 assert wait_for(lambda: m.stats()["kernel"]["direct_handles"] == 0, 10)
                 assert wait_for(lambda: m.stats()["counters"]["read_timeouts"] == 1, 10)
                 # its next read fails at once (the file is stuck), not after another timeout

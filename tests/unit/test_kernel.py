@@ -415,3 +415,39 @@ def test_node_table_checks_itself_after_every_change_when_asked(tmp_path):
         unchecked.released(other)
         with pytest.raises(AssertionError, match="opens"):
             unchecked.check_invariants()
+
+
+def test_the_watchdog_tells_the_adapter_before_it_answers_the_kernel() -> None:
+    """The kernel may send the next request for what the watchdog answered (it retries a page whose
+    read-ahead failed) the moment the answer is written: the adapter must have taken the handle back
+    from the native loop's direct reads by then, or the retry is served the hung way again (a second
+    full deadline). So the hook runs first, and the answer is written after it."""
+    import errno
+    import time
+
+    from fastfs.daemon.kernel.session import Session, Worker
+
+    rd, wr = os.pipe()
+    try:
+        os.set_blocking(rd, False)
+        seen: list[bytes | None] = []
+
+        def hook(opcode: int, body: memoryview) -> None:
+            try:
+                seen.append(os.read(rd, 4096))
+            except BlockingIOError:
+                seen.append(None)  # nothing written to the kernel yet
+
+        session = Session(-1, {}, Wishes(), on_abandon=hook, native=False)
+        session._closed = True  # (no replacement worker is started)
+        worker = Worker(wr, False, 4096, 4096)
+        current = (77, int(abi.Op.READ), time.monotonic() - 60, False, os.getpid())
+        worker.current = current
+        session._workers.append(worker)
+        session._abandon(worker, current, errno.EIO)
+        assert seen == [None]
+        size, error, unique = struct.unpack("<IiQ", os.read(rd, 4096))
+        assert (size, error, unique) == (16, -errno.EIO, 77) and worker.abandoned
+    finally:
+        os.close(rd)
+        os.close(wr)
