@@ -18,9 +18,8 @@ reads from the storage or the disk, not from memory):
 * ``no tier e1``: the first epoch through fastfs without a disk tier;
 * ``tier e1``: the first epoch through fastfs with an empty disk tier (it writes the tier as it goes);
 * ``tier e2``: the next epoch on the same mount, after the tier's writes are done (RAM holds a
-  fifth of the data set at most; large files are verified as soon as complete, so they pass through);
-* ``tier e3``: one more epoch on the same mount (a file of 1 MiB or more first opened in e2 was
-  verified then, so it goes by passthrough to its disk file now; small files are always served);
+  fifth of the data set at most; files are verified as soon as complete, so they pass through);
+* ``tier e3``: one more epoch on the same mount (every file goes by passthrough to its disk file);
 * ``remount``: the epoch after unmounting and mounting again with the same tier and state directory
   (a reload after a restart: files are verified on their first open, served through fastfs meanwhile);
 * ``remount e2``: the next epoch of that mount (large files pass through to the disk now).

@@ -48,8 +48,8 @@ tier, or the kernel's pages of an inode opened before) is not reopened: metadata
 bound (from a scan's fetch or a lookup) answers the open; older, one stat of the file revalidates
 it, or its directory verified unchanged (``fuse.trust_unchanged_dirs``; see
 :mod:`fastfs.fsio.scanner`). That is what makes a directory scan fast on high-latency storage and
-keeps a second epoch after a pause at one stat per file. An open of a file (of
-:data:`DISK_PASSTHROUGH_MIN` or more) the disk tier holds complete and has verified goes by
+keeps a second epoch after a pause at one stat per file. An open of a file (any
+non-empty one, :data:`DISK_PASSTHROUGH_MIN`) the disk tier holds complete and has verified goes by
 passthrough to that disk file when the kernel route exists, also for sources that are otherwise
 served. A new version of a path frees the old one's
 blocks at once.

@@ -42,6 +42,8 @@ from fastfs.fsio.disk.directory import FORMAT
 
 # A store key: the identity of one source-file version, a short tuple of ints (see :func:`valid_key`).
 Key = tuple[int, ...]
+# A data file's identity (inode, size, mtime_ns, ctime_ns): any write, truncate or replacement changes it.
+Ident = tuple[int, int, int, int]
 KIB = 1024
 # Unit of checksum and of read verification: the smallest cache.block_size, so every engine block
 # (and a whole small file) is a run of whole chunks, and an unaligned read verifies at most 64 KiB extra.
@@ -111,7 +113,7 @@ class Entry:
         self.used = 0
         self.live = True
         self.created = False
-        self.verified: tuple[int, int, int, int] | None = None
+        self.verified: Ident | None = None
         self.verifying = False
 
     @property

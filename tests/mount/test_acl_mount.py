@@ -25,7 +25,8 @@ from conftest import SERVED, mounted, rand_bytes, wait_for
 from posixacl import set_acl
 
 MIB = 1024 * 1024
-# Files are at least the engine's DISK_PASSTHROUGH_MIN (1 MiB), so the disk tier hands them to the kernel.
+# Files of 1 MiB and more (the disk tier hands every file it holds whole to the kernel; these sizes keep
+# the test's reads and warms over several blocks).
 SIZE = MIB + 4321
 # Bound on a warm job finishing (the tree is small and local).
 JOB_BOUND = 60.0

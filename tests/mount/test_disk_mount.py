@@ -83,8 +83,9 @@ def test_remount_reads_from_disk_with_the_source_failing_then_by_passthrough(tmp
             assert "PASSTHROUGH" in snap["kernel"]["flags"]
             # big1.bin: an open queues its verification (its pages never entered the kernel's cache) ...
             os.close(os.open(mnt / "big1.bin", os.O_RDONLY))
-            # (as did big0.bin's: files of 1 MiB and more complete on disk; smaller ones are always served)
-            assert wait_for(lambda: m.stats()["counters"]["disk_verified_files"] == 2)
+            # (as did big0.bin's: files of 1 MiB and more are verified at their first open after a
+            # restart; the small ones by their reads above, each a checked read of the whole file)
+            assert wait_for(lambda: m.stats()["counters"]["disk_verified_files"] == len(files))
             before = kernel_reads(m)
             # ... and the next opens go by passthrough to the disk file: no READ reaches the daemon
             assert (mnt / "big1.bin").read_bytes() == files["big1.bin"]
@@ -96,6 +97,9 @@ def test_remount_reads_from_disk_with_the_source_failing_then_by_passthrough(tmp
             after = m.stats()
             assert kernel_reads(m) == before
             assert after["counters"]["opens_disk"] >= 2 and after["counters"]["disk_complete_fds"] >= 1
+            # a small file too, read once since the restart: by passthrough to its disk file now
+            assert (mnt / "d/s007").read_bytes() == files["d/s007"]
+            assert m.stats()["counters"]["opens_disk"] == after["counters"]["opens_disk"] + 1
             st = os.stat(mnt / "big1.bin")  # the node shows the source's attributes, not the cache file's
             assert (st.st_mode, st.st_uid, st.st_size) == (
                 os.stat(backing / "big1.bin").st_mode,
@@ -104,6 +108,32 @@ def test_remount_reads_from_disk_with_the_source_failing_then_by_passthrough(tmp
             )
             summary = run_cli("stats", mnt)
             assert summary.returncode == 0 and "disk tier" in summary.stdout and "disk hits" in summary.stdout
+
+
+def test_small_files_the_tier_holds_open_by_passthrough_in_the_same_mount(tmp_path: Path) -> None:
+    """A small file the tier holds whole is verified as soon as it is (no open needed) and its next
+    open goes by passthrough to its disk file: no READ of it reaches the daemon, the bytes are the
+    source's (served through the engine, each small file cost a READ and a checked read of its tier
+    file in the daemon)."""
+    backing, mnt, disk = tmp_path / "backing", tmp_path / "mnt", tmp_path / "disk"
+    mnt.mkdir()
+    files = make_tree(backing, big=0, small=12)
+    total = sum(len(v) for v in files.values())
+    opts = [f"cache.disk_dir={disk}"]
+    with faulty(tmp_path, backing) as fs, mounted(fs.mnt, mnt, options=opts) as m:
+        for name, data in files.items():
+            assert (mnt / name).read_bytes() == data
+        assert wait_for(lambda: written_all(m, total), timeout=30), m.stats()["counters"]
+        assert wait_for(lambda: m.stats()["counters"]["disk_verified_files"] == len(files)), m.stats()["counters"]
+        fs.set(eio=["*"])  # from now on a byte the tier does not give fails
+        before, opens = kernel_reads(m), m.stats()["counters"]["opens_disk"]
+        for name, data in files.items():
+            with open(mnt / name, "rb", buffering=0) as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # (the kernel's pages of the node)
+                assert f.read() == data, name
+        c = m.stats()["counters"]
+        assert c["opens_disk"] - opens == len(files) and kernel_reads(m) == before, c
+        assert c["disk_corrupt_dropped"] == 0
 
 
 def test_changed_source_file_is_fetched_anew(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from fastfs.fsio.disk import space as diskspace
 from fastfs.fsio.disk import store as diskcache
 from fastfs.fsio.disk.directory import DiskCacheError
 from fastfs.fsio.disk.index import CHUNK
+from fastfs.fsio.disk.reads import VERIFY_AT_OPEN_MIN
 from fastfs.fsio.disk.store import DiskStore
 
 KIB = 1024
@@ -178,9 +179,15 @@ def test_restart_serves_the_same_bytes_and_complete_fd(tmp_path):
     store = open_store(tmp_path / "c")
     try:
         assert store.stats()[diskcache.FILES] == len(files)
-        for key, data in files.items():
+        for key in files:
+            assert store.complete_fd(key) is None  # not verified in this process yet: queued (large ones)
+        assert store.flush(30)
+        small = [key for key, data in files.items() if len(data) < VERIFY_AT_OPEN_MIN]
+        assert small and len(small) < len(files) and store.stats()[diskcache.VERIFIED] == len(files) - len(small)
+        for key in small:  # an open alone does not read a small file back ...
+            assert store.complete_fd(key) is None
+        for key, data in files.items():  # ... a checked read of all of it verifies it
             assert read_all(store, key, len(data)) == data
-            assert store.complete_fd(key) is None  # not verified in this process yet: queued
         assert store.flush(30)
         for key, data in files.items():
             fd = store.complete_fd(key)
@@ -193,6 +200,43 @@ def test_restart_serves_the_same_bytes_and_complete_fd(tmp_path):
             finally:
                 os.close(fd)
         assert store.stats()[diskcache.VERIFIED] == len(files)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("fault", ["none", "write_back_error", "changed"])
+def test_a_checked_whole_read_verifies_the_file_once_written_back(tmp_path, monkeypatch, fault):
+    """After a restart a checked read of a whole small file verifies it (no second read) once its
+    write-back returns and the file is unchanged; a failed write-back or a change drops the entry:
+    the read returns None (the engine goes to the source), and no descriptor is ever handed out."""
+    from fastfs.fsio.disk import reads
+
+    store = open_store(tmp_path / "c")
+    data = content("a", 3073)
+    key = make_key(1, len(data))
+    put_all(store, key, data)
+    assert store.flush(30)
+    store.close()
+    store = open_store(tmp_path / "c")
+    try:
+        (victim,) = [p for p in (tmp_path / "c" / "data").rglob("*") if p.is_file()]
+
+        def written_back(fd: int) -> None:
+            if fault == "write_back_error":
+                raise OSError(5, "Input/output error")
+            if fault == "changed":
+                os.utime(victim, ns=(1, 1))  # (as a write behind the store's back would)
+
+        monkeypatch.setattr(reads, "written_back", written_back)
+        got = read_all(store, key, len(data))
+        if fault == "none":
+            assert got == data and store.stats()[diskcache.VERIFIED] == 1
+            fd = store.complete_fd(key)
+            assert fd is not None
+            os.close(fd)
+        else:
+            assert got is None and store.stats()[diskcache.VERIFIED] == 0
+            assert store.complete_fd(key) is None and not store.reader.holds(key, 0, len(data))
     finally:
         store.close()
 
