@@ -48,8 +48,8 @@ tier, or the kernel's pages of an inode opened before) is not reopened: metadata
 bound (from a scan's fetch or a lookup) answers the open; older, one stat of the file revalidates
 it, or its directory verified unchanged (``fuse.trust_unchanged_dirs``; see
 :mod:`fastfs.fsio.scanner`). That is what makes a directory scan fast on high-latency storage and
-keeps a second epoch after a pause at one stat per file. An open of a file (any
-non-empty one, :data:`DISK_PASSTHROUGH_MIN`) the disk tier holds complete and has verified goes by
+keeps a second epoch after a pause at one stat per file. An open of a file (of any
+size) the disk tier holds complete and has verified goes by
 passthrough to that disk file when the kernel route exists, also for sources that are otherwise
 served. A new version of a path frees the old one's
 blocks at once.
@@ -86,7 +86,7 @@ from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.entry import FileEntry
 from fastfs.fsio.fills import Fills
 from fastfs.fsio.handles import HandleTable
-from fastfs.fsio.opening import DISK_PASSTHROUGH_MIN, Opener, OpenResult
+from fastfs.fsio.opening import Opener, OpenResult
 from fastfs.fsio.policy import listing_attributes
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.probe import FormatProbe
@@ -100,7 +100,7 @@ from fastfs.fsio.trace import DecisionLog
 if TYPE_CHECKING:
     from fastfs.fsio.learn import AccessLog
 
-__all__ = ["DISK_PASSTHROUGH_MIN", "Engine", "EngineParts", "FileEntry", "OpenResult", "ReplyParts", "default_budget"]
+__all__ = ["Engine", "EngineParts", "FileEntry", "OpenResult", "ReplyParts", "default_budget"]
 
 log = logging.getLogger(__name__)
 

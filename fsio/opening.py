@@ -6,8 +6,8 @@ An open is read one of three ways, its :class:`Route`:
 * **passthrough to the source** (``kind`` ``passthrough``, ``backing_fd`` the source file): the kernel
   reads the source file itself, at the source's own speed;
 * **passthrough to the disk tier** (``passthrough``, ``on_disk``, ``backing_fd`` the tier's file): the
-  kernel reads the complete, verified copy the disk tier holds of a version of at least
-  :data:`DISK_PASSTHROUGH_MIN`, also for sources that are otherwise served.
+  kernel reads the complete, verified copy the disk tier holds of a version (of any size), also for
+  sources that are otherwise served.
 
 :meth:`Opener.decide` makes the decision from everything it depends on, and nothing else does:
 
@@ -95,16 +95,10 @@ from fastfs.fsio.shape import PROBE_MIN_SIZE, SETTLE_WAIT
 from fastfs.fsio.source import FileKey, HeadKey, Source, SourceFile, SourceRef
 from fastfs.fsio.trace import DecisionLog
 
-__all__ = ["DISK_PASSTHROUGH_MIN", "OpenResult", "Opener", "Route"]
+__all__ = ["OpenResult", "Opener", "Route"]
 
 log = logging.getLogger(__name__)
 
-# Files at least this large open by passthrough to their complete, verified disk-tier file: every
-# non-empty one. Served through the engine, each small file still cost a READ and a checked read of its
-# tier file in the daemon: later epochs over 1,872 files of 112 KiB from the tier took 1.43-1.62 s
-# served, 0.75-1.01 s by passthrough (the local disk itself 0.33-0.38 s; the C passthrough example
-# over that disk 0.64-0.75 s: a C FUSE daemon pays the same lookup and open round trips).
-DISK_PASSTHROUGH_MIN = 1
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
@@ -355,8 +349,12 @@ class Opener:
     def disk_backing(self, entry: FileEntry) -> bool:
         """Whether an open of *entry* (otherwise served) goes by passthrough to its complete file in the
         disk tier, which is then ``entry.disk_fd``: the kernel route must exist and not be turned off.
-        Every such open asks the store again, which re-checks the data file's identity."""
-        if self.disk is None or not entry.dkey or not self.can_pass_through or entry.size < DISK_PASSTHROUGH_MIN:
+        Every such open asks the store again, which re-checks the data file's identity. Any size: served
+        through the engine, each small file of a later epoch still cost a READ and a checked read of its
+        tier file in the daemon (1,872 files of 112 KiB from the tier: 1.43-1.62 s an epoch served,
+        0.75-1.01 s by passthrough; the local disk itself 0.33-0.38 s, the C passthrough example over
+        that disk 0.64-0.75 s: a C FUSE daemon pays the same lookup and open round trips)."""
+        if self.disk is None or not entry.dkey or not self.can_pass_through:
             return False
         if self.config.fuse.passthrough == "off":
             return False

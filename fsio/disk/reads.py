@@ -181,7 +181,7 @@ class Reader:
             crcs = entry.crcs[first : last + 1]
             verified = entry.verified
             # the whole of a complete, unverified entry: checked here, it is verified once written back
-            seal = verified is None and not entry.verifying and entry.complete and first == 0 and end == size
+            seal = verified is None and not entry.verifying and first == 0 and end == size
             catalog.touch_locked(key)
         lo, hi = first * CHUNK, min((last + 1) * CHUNK, size)
         direct = offset == lo and end == hi
@@ -206,8 +206,8 @@ class Reader:
                 # every chunk of it matched: once written back unchanged, it is verified (the write-back
                 # of a file a daemon before this one wrote is long done: the call returns at once)
                 written_back(fd)
-                sealed = ident(st) if ident(os.fstat(fd)) == ident(st) else None
-                ok = sealed is not None
+                sealed = ident(st)
+                ok = ident(os.fstat(fd)) == sealed
         except OSError:
             ok = False
         finally:

@@ -21,8 +21,8 @@ a few calls in its fill, scan, open, warm and stats paths:
   files read at once) read the tier in the reader's thread before they go to the source. A scan's
   fetch of a small file the tier holds whole keeps only its metadata and asks the data file into the
   page cache (:meth:`DiskStore.advise`), so a scan runs ahead in metadata without taking RAM.
-* **Opens** (:meth:`DiskTier.complete_fd`): a file (of the engine's ``DISK_PASSTHROUGH_MIN`` or
-  more: every non-empty one) the store holds complete and has verified in this process
+* **Opens** (:meth:`DiskTier.complete_fd`): a file (of any size) the store holds complete and has
+  verified in this process
   is handed to the kernel as the passthrough backing file even when the source itself is served
   (network and FUSE sources), so a later epoch reads at local-disk speed without a READ reaching the
   daemon. The kernel still checks every access against the node's attributes, which are the source
