@@ -33,7 +33,9 @@ replaced atomically by the test (``{"eio": ["*/bad*"], "hang": ["/slow.bin"], "h
 ["/stuck/*"]}``); patterns are :func:`fnmatch.fnmatchcase` patterns of the FUSE path. A read of a
 file matching ``eio`` fails with EIO; a read matching ``hang`` blocks until the pattern is removed
 (bounded by :data:`MAX_HANG_SECONDS`, then EIO, so a forgotten hang never wedges a run);
-``hang_meta`` does the same for getattr, open and readdir. The file is re-read only when its
+``hang_meta`` does the same for getattr, open and readdir, ``hang_close`` for the FLUSH of a
+close (the emulator answers FLUSH only with a control file: a close is then one more round trip, as
+on sshfs or s3fs; without one the kernel stops sending it). The file is re-read only when its
 identity (inode, size, mtime) changes: one ``stat`` per request, and none without a control file.
 
 What the kernel sees of it is set by :class:`Model` too: the page cache kept across opens
@@ -159,6 +161,7 @@ class Faults:
         self._eio: tuple[str, ...] = ()
         self._hang: tuple[str, ...] = ()
         self._hang_meta: tuple[str, ...] = ()
+        self._hang_close: tuple[str, ...] = ()
 
     def _reload(self) -> None:
         try:
@@ -182,6 +185,7 @@ class Faults:
             self._eio = tuple(data.get("eio", ()))
             self._hang = tuple(data.get("hang", ()))
             self._hang_meta = tuple(data.get("hang_meta", ()))
+            self._hang_close = tuple(data.get("hang_close", ()))
 
     def _matches(self, which: str, path: str) -> bool:
         self._reload()
@@ -197,6 +201,9 @@ class Faults:
 
     def hang_meta(self, path: str) -> bool:
         return self._matches("_hang_meta", path)
+
+    def hang_close(self, path: str) -> bool:
+        return self._matches("_hang_close", path)
 
     def wait_while(self, check: Callable[[str], bool], path: str) -> None:
         """Block while *check(path)* holds, at most MAX_HANG_SECONDS (then EIO)."""
@@ -505,6 +512,15 @@ class LatencyFS(mfusepy.Operations):
         return 0
 
 
+class FaultLatencyFS(LatencyFS):
+    """LatencyFS with its fault switches: it also answers FLUSH, which ``hang_close`` makes hang."""
+
+    def flush(self, path: str, fh: int) -> int:
+        if self.faults is not None:
+            self.faults.wait_while(self.faults.hang_close, path)
+        return 0
+
+
 class ZeroCopyFUSE(mfusepy.FUSE):
     """mfusepy.FUSE whose read callback preads straight into libfuse's buffer (no bytes object, no copy)."""
 
@@ -530,7 +546,7 @@ def serve(
     *threads* 0 leaves libfuse's default (10); *control* enables the fault switches; *fsname* names
     the mount (``latency_fs`` also sets the subtype: ``fuse.latency_fs``, any other is plain ``fuse``).
     """
-    ops = LatencyFS(src, model, on_init, control)
+    ops = (FaultLatencyFS if control else LatencyFS)(src, model, on_init, control)
     status = 0
     options: dict[str, Any] = {"fsname": fsname}
     if fsname == "latency_fs":

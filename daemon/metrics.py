@@ -236,6 +236,7 @@ _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("sequential_streams_active", "sequential_streams", "Tracked read streams that are sequential now."),
     ("active_scans", "active_scans", "Small-file scans in progress."),
     ("pool_workers", "pool_workers", "Threads reading from the source."),
+    ("closes_pending", "closes_pending", "Source descriptors of released files not closed yet (a hung source's stay)."),
     ("learned_planned_files", "learned_planned_files", "Files planned by replayed learned access sets."),
     (
         "learned_accuracy",

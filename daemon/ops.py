@@ -483,11 +483,16 @@ class KernelOps:
             self.engine.direct_tallies = lambda: [(fh, DirectTally(*t)) for fh, t in direct.drain()]
 
     def _direct_end(self, fh: int) -> None:
-        """The loop answers no read of *fh* any more; what it served is counted."""
-        if self.direct is not None:
-            tally = self.direct.remove(fh)
+        """The loop answers no read of *fh* any more; what it served is counted now, and the table
+        forgets the handle on a closer thread (that closes its duplicate of the source descriptor: a
+        round trip on a FUSE source, fsio/closer.py)."""
+        direct = self.direct
+        if direct is not None:
+            tally = direct.take(fh)
             if tally is not None:
                 self.engine.direct_served(fh, DirectTally(*tally))
+            # (no read of a released handle comes: the tally remove returns is empty)
+            self.engine.defer_close(functools.partial(direct.remove, fh))
 
     def flush(self, request: Request, _body: memoryview) -> None:
         """Nothing to flush on a read-only mirror: ENOSYS makes the kernel stop sending FLUSH on

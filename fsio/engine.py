@@ -22,7 +22,8 @@ each in its own module and with one job:
   it), the handles naming them (one allocator), each path's last version, open-less readers.
 * :class:`~fastfs.fsio.opening.Opener` (``opener``): opens and releases, and the one decision of an
   open's route (served, passthrough to the source, passthrough to the disk tier); its module
-  docstring is the walk of an open.
+  docstring is the walk of an open. A release's source close runs on the
+  :class:`~fastfs.fsio.closer.Closer` (``closer``, :meth:`Engine.defer_close`): never on its thread.
 * :class:`~fastfs.fsio.fills.Fills` (``fills``): block fills and exact reads from the disk tier or the
   source, timeouts, stuck files and the one retry-wait rule (no reference back to the engine or the
   handle table: source files come from each entry's :class:`~fastfs.fsio.source.SourceRef`).
@@ -81,6 +82,7 @@ from fastfs.fsio import formats
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import Block, BlockCache
 from fastfs.fsio.changes import ChangeListener, DirChange, Growth
+from fastfs.fsio.closer import Closer
 from fastfs.fsio.dirs import DirListings, join_path, parent_of
 from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.entry import FileEntry
@@ -190,9 +192,10 @@ class Engine:
         # the kernel layer's tallies of the reads it served itself, taken before a snapshot (set once at
         # mount when its request loop serves direct reads: readpath's module docstring)
         self.direct_tallies: Callable[[], list[tuple[int, DirectTally]]] | None = None
+        self.closer = Closer()  # source closes of releases, off the release's thread (fsio/closer.py)
         self.opener = Opener(
             self.config, self.source, self.cache, self.disk, self.handles, self.scanner, self.probe, self.stats,
-            self.trace, self._last_handle,
+            self.trace, self._last_handle, self.closer,
         )  # fmt: skip
         self.dirs.listeners.append(self._dir_changed)
         self.refresher = Refresher(
@@ -401,6 +404,11 @@ class Engine:
         """A direct read of *fh* counted stuck returned (*fh* may be released by now)."""
         self.reads.direct_unstuck(fh)
 
+    def defer_close(self, call: Callable[[], object]) -> None:
+        """Run *call*, which closes a source descriptor (a round trip on a FUSE source, never ending on
+        a hung one), on the closer's threads: a release never waits on the source (fsio/closer.py)."""
+        self.closer.submit(call)
+
     def release_parts(self, parts: ReplyParts) -> None:
         """The reply built from *parts* was sent: release its views and unpin its blocks."""
         self.reads.release_parts(parts)
@@ -563,6 +571,7 @@ class Engine:
             queued_demand=demand_q,
             queued_prefetch=prefetch_q,
             pool_workers=self.pool.workers,
+            closes_pending=self.closer.pending(),
         )
         if self.learn is not None:
             accuracy = self.learn.accuracy()
@@ -610,6 +619,7 @@ class Engine:
         self.fills.close()  # stream runners stop before the pool does
         self.pool.close()
         self._save_learned()
+        self.closer.close()  # (the closes queued run first; one stuck on a hung source is left behind)
         self.opener.close()
         if self.disk is not None:
             self.disk.close()  # queued writes finish first (the blocks they pin stay valid until then)

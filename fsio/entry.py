@@ -165,6 +165,7 @@ class FileEntry:
         "reads",
         "group",
         "handles",
+        "opened_at",
         "disk_fd",
     )
 
@@ -191,6 +192,8 @@ class FileEntry:
         self.reads = ReadState(policy)
         self.group = FileGroup()
         self.handles = 0  # handles naming this entry (the handle table's lock)
+        self.opened_at = float("-inf")  # monotonic time of its latest open (the opener's float store, read
+        # as a hint): the open was its close-to-open check, the refresher's first growth check is a period later
         self.disk_fd = -1  # descriptor of the complete disk-tier file handed to the kernel as the backing
         # file of passthrough opens: set once per holding by the opener (Opener.disk_backing, under the
         # entry's lock, while the opening handle keeps the entry), taken by the handle table at the

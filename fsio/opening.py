@@ -70,6 +70,7 @@ is held across a source open or the disk tier's checks.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -78,6 +79,7 @@ from typing import NamedTuple
 from fastfs.config.schema import Config
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import BlockCache
+from fastfs.fsio.closer import Closer
 from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.entry import FileEntry
 from fastfs.fsio.handles import HandleTable
@@ -150,8 +152,10 @@ class Opener:
         stats: m.Stats,
         trace: DecisionLog,
         on_last_handle: Callable[[FileEntry], None],
+        closer: Closer,
     ) -> None:
         self.config = config  # replaced whole by reconfigure
+        self.closer = closer  # closes what a release gives back (a source round trip) off its thread
         self.source = source
         self.cache = cache
         self.disk = disk
@@ -448,6 +452,7 @@ class Opener:
             return FileEntry(path, key, size, st, SourceRef(self.source, path, key), policy, dkey)
 
         attached = self.handles.attach(path, key, src, make, implicit_at)
+        attached.entry.opened_at = self.scanner.clock()
         if attached.src is not None:
             attached.entry.source.put(attached.src)  # the version's handles hold a file already
         previous = attached.previous
@@ -497,8 +502,8 @@ class Opener:
             os.close(released.disk_fd)
         if released.last_handle:
             self.on_last_handle(released.entry)
-        if released.src is not None:
-            released.entry.source.put(released.src)
+        if released.src is not None:  # (its last reference closes the source file: a round trip)
+            self.closer.submit(functools.partial(released.entry.source.put, released.src))
 
     def close(self) -> None:
         """Forget every handle, giving back what the handles held (the engine is closing)."""

@@ -6,12 +6,13 @@ is the tests' face of it: a read-only mirror of a backing directory, mounted whe
 source from, whose reads can be made to fail or hang on demand through a control file outside the
 mount (JSON, replaced atomically by :meth:`FaultFS.set`)::
 
-    {"eio": ["*/bad*"], "hang": ["/slow.bin"], "hang_meta": ["/stuck/*"]}
+    {"eio": ["*/bad*"], "hang": ["/slow.bin"], "hang_meta": ["/stuck/*"], "hang_close": ["/big.bin"]}
 
 Patterns are :func:`fnmatch.fnmatchcase` patterns matched against the FUSE path (``/dir/name``). A
 read of a file matching ``eio`` fails with EIO; a read matching ``hang`` blocks until the pattern
 is removed (bounded by ``latency_ops.MAX_HANG_SECONDS``); ``hang_meta`` does the same for getattr,
-open and readdir. Everything else is a plain pass-through of the backing directory.
+open and readdir, ``hang_close`` for the FLUSH of a close (a close of a descriptor of the file then
+hangs, as on a hung sshfs or NFS server). Everything else is a plain pass-through of the backing directory.
 
 The setting (``latency_fs.FAULT_SPEC``): no latency, no page cache (``direct_io``) and zero kernel
 cache timeouts, so every read and lookup reaches the emulator and a fault applies to the very next
@@ -83,10 +84,11 @@ class FaultFS:
         eio: list[str] | tuple[str, ...] = (),
         hang: list[str] | tuple[str, ...] = (),
         hang_meta: list[str] | tuple[str, ...] = (),
+        hang_close: list[str] | tuple[str, ...] = (),
     ) -> None:
         """Replace the fault patterns (atomic rename, so a reader never sees half a file)."""
         tmp = self.control.with_name(self.control.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
-        doc = {"eio": list(eio), "hang": list(hang), "hang_meta": list(hang_meta)}
+        doc = {"eio": list(eio), "hang": list(hang), "hang_meta": list(hang_meta), "hang_close": list(hang_close)}
         tmp.write_text(json.dumps(doc), encoding="utf-8")
         os.replace(tmp, self.control)
 

@@ -25,7 +25,9 @@ waited for it. With ``late_release`` the native loop answers a RELEASE at once a
 (``_loop.Later``); the session's late thread runs the RELEASE handler on what was kept every
 :data:`LATER_BATCH` seconds, a batch at a time (:meth:`Session.run_late`), and so does anyone who
 needs the handles' counts exact first (the stats: :meth:`Session.run_late` waits for a batch being
-run). A full queue (:data:`LATER_CAP`) or the Python loop serves RELEASE at once, as before.
+run). A full queue (:data:`LATER_CAP`) or the Python loop serves RELEASE at once, as before. The
+handler waits on no source: the closes a release makes run on the engine's closer
+(:mod:`fastfs.fsio.closer`), so the late thread is never stuck behind a hung source's close.
 
 Readers. At most :data:`SPARE_READERS` workers wait in the device read at once; the others park,
 each on a lock of its own (the native loop keeps these places in C: ``_loop.Readers``). A worker

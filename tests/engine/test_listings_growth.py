@@ -359,3 +359,35 @@ def test_the_refresher_checks_nothing_when_nothing_is_used_or_open(tmp_path: Pat
     finally:
         engine.close()
         source.close()
+
+
+def test_an_open_file_is_first_checked_for_growth_a_period_after_its_open(tmp_path: Path) -> None:
+    """The open was the version's close-to-open check. Checked at the first tick as well, every small
+    file a tick caught open (or not yet released) cost one more source stat: over s3fs a HEAD, for a
+    third of 2,000 files read by 4 processes."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("old", "new"):
+        (src / name).write_bytes(os.urandom(5000))
+    engine = make_engine(src, tmp_path)
+    checked: list[str] = []
+    real_check = engine.refresher.check_file
+
+    def check_file(entry, watch):
+        checked.append(entry.path)
+        return real_check(entry, watch)
+
+    engine.refresher.check_file = check_file  # type: ignore[method-assign]
+    fhs = []
+    try:
+        fhs.append(engine.open("/old").fh)
+        engine.handles.get(fhs[0]).opened_at -= engine.refresher.file_period  # opened a period ago
+        fhs.append(engine.open("/new").fh)
+        engine.refresher.tick()
+        assert checked == ["/old"]
+        engine.refresher.tick()  # (checked again a period later, not at the next tick)
+        assert checked == ["/old"]
+    finally:
+        for fh in fhs:
+            engine.release(fh)
+        engine.close()

@@ -935,6 +935,31 @@ def test_hung_metadata_call_fails_within_the_request_timeout(faulty_wide) -> Non
         assert _bounded(lambda: _read_file(m.mnt / "meta" / "stuck.bin"), READER_TIMEOUT) == data["meta/stuck.bin"]
 
 
+def test_a_close_hung_at_the_source_holds_up_no_other_release_nor_the_stats(faulty_wide) -> None:
+    """Closing a source descriptor is a round trip on a FUSE source (its FLUSH) and never ends on a
+    hung one. The releases the daemon answered run on one thread: a close made there held every
+    later release, and ``fastfs stats`` (which runs those releases first) hung with it."""
+    fs, faultsrc, mnt, data = faulty_wide
+    with mounted(faultsrc, mnt) as m:
+        try:
+            fd = os.open(m.mnt / "open.bin", os.O_RDONLY)
+            try:
+                assert os.pread(fd, 4096, 0) == data["open.bin"][:4096]  # (its handle holds a source file)
+                fs.set(hang_close=["/open.bin"])
+            finally:
+                os.close(fd)  # the kernel's RELEASE: the daemon's close of the source file hangs
+            # other files open, read and close; their releases are not held up behind the hung close
+            for _ in range(3):
+                assert _bounded(lambda: _read_file(m.mnt / "fresh.bin"), QUICK_BOUND) == data["fresh.bin"]
+                assert _bounded(lambda: _read_file(m.mnt / "meta" / "stuck.bin"), QUICK_BOUND) == data["meta/stuck.bin"]
+            snap = _bounded(m.stats, QUICK_BOUND)
+            assert wait_for(lambda: _bounded(m.stats, QUICK_BOUND)["gauges"]["open_files"] == 0, QUICK_BOUND), snap
+            assert _bounded(m.stats, QUICK_BOUND)["gauges"]["closes_pending"] >= 1  # the hung one, still waiting
+        finally:
+            fs.clear()
+        assert wait_for(lambda: m.stats()["gauges"]["closes_pending"] == 0, QUICK_BOUND)
+
+
 # -- warm must not hold the daemon (issue 12 finding 4) ---------------------------------------------------
 # A hung file of many blocks: warmed one block after another it cost blocks x read_timeout.
 WARM_HUNG_SIZE = 64 * MIB
