@@ -619,8 +619,8 @@ class Engine:
         self.fills.close()  # stream runners stop before the pool does
         self.pool.close()
         self._save_learned()
-        self.closer.close()  # (the closes queued run first; one stuck on a hung source is left behind)
-        self.opener.close()
+        self.opener.close()  # (its closes go to the closer too)
+        self.closer.close()  # (what is queued runs first, CLOSE_WAIT at most: one stuck on a hung source is left)
         if self.disk is not None:
             self.disk.close()  # queued writes finish first (the blocks they pin stay valid until then)
         self.cache.close()

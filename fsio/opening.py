@@ -510,7 +510,7 @@ class Opener:
         for entry in self.handles.close():
             src = entry.source.drop()
             if src is not None:
-                entry.source.put(src)
+                self.closer.submit(functools.partial(entry.source.put, src))
             if entry.disk_fd >= 0:
                 os.close(entry.disk_fd)
                 entry.disk_fd = -1
