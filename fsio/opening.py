@@ -454,7 +454,9 @@ class Opener:
         attached = self.handles.attach(path, key, src, make, implicit_at)
         attached.entry.opened_at = self.scanner.clock()
         if attached.src is not None:
-            attached.entry.source.put(attached.src)  # the version's handles hold a file already
+            # the version's handles hold a file already: this open's own is closed off its thread (the
+            # reply waits for no FLUSH round trip)
+            self.closer.submit(functools.partial(attached.entry.source.put, attached.src))
         previous = attached.previous
         if previous is not None and previous != key:  # the path has a new version: free the old one's blocks
             self.cache.invalidate_file(previous)

@@ -938,7 +938,8 @@ def test_hung_metadata_call_fails_within_the_request_timeout(faulty_wide) -> Non
 def test_a_close_hung_at_the_source_holds_up_no_other_release_nor_the_stats(faulty_wide) -> None:
     """Closing a source descriptor is a round trip on a FUSE source (its FLUSH) and never ends on a
     hung one. The releases the daemon answered run on one thread: a close made there held every
-    later release, and ``fastfs stats`` (which runs those releases first) hung with it."""
+    later release, and ``fastfs stats`` (which runs those releases first) hung with it. A second open of
+    a file already open closed its own source descriptor before it answered: it hung as well."""
     fs, faultsrc, mnt, data = faulty_wide
     with mounted(faultsrc, mnt) as m:
         try:
@@ -946,6 +947,12 @@ def test_a_close_hung_at_the_source_holds_up_no_other_release_nor_the_stats(faul
             try:
                 assert os.pread(fd, 4096, 0) == data["open.bin"][:4096]  # (its handle holds a source file)
                 fs.set(hang_close=["/open.bin"])
+                # a second open asks the source again; the version's handles hold a file already
+                fd2 = _bounded(lambda: os.open(m.mnt / "open.bin", os.O_RDONLY), QUICK_BOUND)
+                try:
+                    assert os.pread(fd2, 4096, MIB) == data["open.bin"][MIB : MIB + 4096]
+                finally:
+                    os.close(fd2)
             finally:
                 os.close(fd)  # the kernel's RELEASE: the daemon's close of the source file hangs
             # other files open, read and close; their releases are not held up behind the hung close
