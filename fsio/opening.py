@@ -456,7 +456,7 @@ class Opener:
         if attached.src is not None:
             # the version's handles hold a file already: this open's own is closed off its thread (the
             # reply waits for no FLUSH round trip)
-            self.closer.submit(functools.partial(attached.entry.source.put, attached.src))
+            self._put_later(attached.entry, attached.src)
         previous = attached.previous
         if previous is not None and previous != key:  # the path has a new version: free the old one's blocks
             self.cache.invalidate_file(previous)
@@ -505,14 +505,19 @@ class Opener:
         if released.last_handle:
             self.on_last_handle(released.entry)
         if released.src is not None:  # (its last reference closes the source file: a round trip)
-            self.closer.submit(functools.partial(released.entry.source.put, released.src))
+            self._put_later(released.entry, released.src)
+
+    def _put_later(self, entry: FileEntry, src: SourceFile) -> None:
+        """Give *src* back to *entry*'s source reference on the closer: the last reference closes it,
+        a round trip on a FUSE source (fsio/closer.py)."""
+        self.closer.submit(functools.partial(entry.source.put, src))
 
     def close(self) -> None:
         """Forget every handle, giving back what the handles held (the engine is closing)."""
         for entry in self.handles.close():
             src = entry.source.drop()
             if src is not None:
-                self.closer.submit(functools.partial(entry.source.put, src))
+                self._put_later(entry, src)
             if entry.disk_fd >= 0:
                 os.close(entry.disk_fd)
                 entry.disk_fd = -1
