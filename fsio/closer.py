@@ -205,7 +205,7 @@ class Closer:
                 if self._closed and not self._queue:
                     self._threads -= 1
                     return
-                self._wait(me)
+                self._wait()
 
     def _run_one(self, me: int) -> None:
         """Run the next call (on duty), without the lock."""
@@ -222,7 +222,7 @@ class Closer:
             if not self._queue and not self._running:
                 self._done.notify_all()
 
-    def _wait(self, me: int) -> None:
+    def _wait(self) -> None:
         """Wait idle: for good, or as the watcher while calls wait behind the duty thread's call."""
         duty = self._duty
         watch = (
