@@ -417,13 +417,19 @@ class Opener:
         fetch, a lookup) answers the open while :meth:`Scanner.trust` trusts it (no source request),
         else one stat of the file revalidates it (:meth:`Scanner.revalidate`); *need_source* (a
         passthrough open without a backing file registered) always opens the source, and *backed* (the
-        kernel holds the inode's backing file) counts as data at hand whatever the version's size."""
+        kernel holds the inode's backing file) counts as data at hand whatever the version's size but is
+        always revalidated by its stat, never trusted from remembered metadata: that backing file is
+        mostly the source file itself (a kept id always is), whose bytes a rewrite in place changes
+        under the version (same inode), and a version trusted from metadata fetched before the
+        rewrite would pass the new bytes through under the old size (a mix of versions; an ``mmap``
+        of the old size faults with SIGBUS past the new end). Served data and the disk tier's copies
+        are the version's own: trusting metadata there serves the old version whole."""
         known = self.scanner.meta(path)
         meta = None if need_source else known
         if meta is not None and not backed and not self._held(path, meta, kernel_cached):
             meta = self._awaited(path, meta)
         if meta is not None:
-            how = self.scanner.trust(path, meta)
+            how = "" if backed else self.scanner.trust(path, meta)  # backed: see the docstring
             if how and not meta.scan and (how != FRESH or meta.used or not self.scanner.take(path, meta)):
                 how = ""  # a lookup's metadata answers the one open right after it, nothing more
             if how:

@@ -279,3 +279,32 @@ def test_a_kept_backing_id_gone_before_the_open_counts_registers_the_source_file
     assert kernel.ids[101].st_ino == (tree / "big").stat().st_ino  # the source file, opened now
     s.release(node, fh)
     s.ops.nodes.check_invariants()
+
+
+def test_a_reopen_of_a_kept_backing_file_rewritten_in_place_is_stale(passing, tree) -> None:
+    """Regression (a churn soak over tmpfs, default route): a passthrough re-open of a node whose
+    backing id is kept was answered from the metadata of the lookup just before it. That id is the
+    source file itself, so a rewrite in place between the lookup and the open (same inode) passed the
+    new bytes through under the old version's attributes: reads mixed the two versions and an mmap of
+    the old size faulted with SIGBUS past the new end. Such an open now revalidates by a stat: ESTALE,
+    and the kernel's new lookup opens the new version."""
+    s, kernel = passing
+    node = s.node("big")
+    err, fh, flags = s.open(node)
+    assert err == 0 and flags & abi.FOPEN_PASSTHROUGH
+    s.release(node, fh)
+    assert list(kernel.ids) == [100] and kernel.closed == []  # kept registered
+    assert s.node("big") == node  # a lookup: the same version, its metadata fresh for the next open
+    new = b"rewritten in place, shorter"
+    with open(tree / "big", "r+b") as f:  # same inode: the kept backing file now holds these bytes
+        f.truncate(0)
+        f.write(new)
+    err, _fh, _flags = s.open(node)
+    assert err == errno.ESTALE
+    fresh = s.node("big")
+    assert fresh != node
+    err, fh, flags = s.open(fresh)
+    assert err == 0 and flags & abi.FOPEN_PASSTHROUGH
+    assert kernel.ids[101].st_size == len(new)
+    s.release(fresh, fh)
+    s.ops.nodes.check_invariants()
