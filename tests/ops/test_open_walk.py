@@ -285,8 +285,8 @@ def test_a_reopen_of_a_kept_backing_file_rewritten_in_place_is_stale(passing, tr
     """Regression (a churn soak over tmpfs, default route): a passthrough re-open of a node whose
     backing id is kept was answered from the metadata of the lookup just before it. That id is the
     source file itself, so a rewrite in place between the lookup and the open (same inode) passed the
-    new bytes through under the old version's attributes: reads mixed the two versions and an mmap of
-    the old size faulted with SIGBUS past the new end. Such an open now revalidates by a stat: ESTALE,
+    new bytes through under the old version's attributes: a mapping of the old size mixed the two
+    versions or faulted with SIGBUS past the new end. Such an open now revalidates by a stat: ESTALE,
     and the kernel's new lookup opens the new version."""
     s, kernel = passing
     node = s.node("big")
