@@ -167,6 +167,7 @@ class FileEntry:
         "handles",
         "opened_at",
         "disk_fd",
+        "superseded",
     )
 
     def __init__(
@@ -194,6 +195,8 @@ class FileEntry:
         self.handles = 0  # handles naming this entry (the handle table's lock)
         self.opened_at = float("-inf")  # monotonic time of its latest open (the opener's float store, read
         # as a hint): the open was its close-to-open check, the refresher's first growth check is a period later
+        self.superseded = False  # its path was opened in a newer version while this one had handles: its
+        # blocks are freed at its last release, not before (set under the handle table's lock)
         self.disk_fd = -1  # descriptor of the complete disk-tier file handed to the kernel as the backing
         # file of passthrough opens: set once per holding by the opener (Opener.disk_backing, under the
         # entry's lock, while the opening handle keeps the entry), taken by the handle table at the

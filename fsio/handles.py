@@ -56,6 +56,7 @@ class Released(NamedTuple):
     last_handle: bool
     src: SourceFile | None  # the handles' source reference to put back (last handle), or None
     disk_fd: int  # the disk-tier descriptor to close (last handle), or -1
+    superseded: bool = False  # the last handle of a version its path has a newer one of: free its blocks
 
 
 class Attached(NamedTuple):
@@ -63,7 +64,8 @@ class Attached(NamedTuple):
 
     entry: FileEntry
     fh: int  # the new handle
-    previous: FileKey | None  # the path's version before this one (its blocks are freed when it differs)
+    previous: FileKey | None  # the path's version before this one, to free the blocks of now (when it
+    # differs and has no handles: one with handles is marked superseded and freed at its last release)
     src: SourceFile | None  # a source file the entry did not need, for the caller to put back, or None
     stale: list[int]  # implicit handles replaced or pushed out by this one (to release)
 
@@ -117,6 +119,11 @@ class HandleTable:
             entry.handles += 1
             fh = self._add_locked(entry)
             previous = self.versions.get(path)
+            if previous is not None and previous != key:
+                held = self._entries.get(previous)
+                if held is not None and held.handles:  # its handles still read it: free it at their end
+                    held.superseded = True
+                    previous = None
             self.versions[path] = key
             self.versions.move_to_end(path)
             if len(self.versions) > MAX_VERSIONS:
@@ -141,16 +148,17 @@ class HandleTable:
             src = None
             disk_fd = -1
             last_handle = entry.handles == 0
+            superseded = last_handle and entry.superseded
             if last_handle:
                 if self._entries.get(entry.key) is entry and not entry.stuck_reads.count:
                     del self._entries[entry.key]  # (kept while reads are stuck: the next open knows)
-                    if idle(entry):
+                    if idle(entry) and not superseded:
                         self._idle[entry.key] = entry
                         if len(self._idle) > MAX_IDLE:
                             self._idle.popitem(last=False)
                 src = entry.source.drop()
                 disk_fd, entry.disk_fd = entry.disk_fd, -1
-        return Released(entry, last_handle, src, disk_fd)
+        return Released(entry, last_handle, src, disk_fd, superseded)
 
     def unstuck(self, entry: FileEntry) -> None:
         """The last stuck read of *entry* returned: forget the entry if it was kept only for that."""

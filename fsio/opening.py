@@ -510,6 +510,9 @@ class Opener:
             os.close(released.disk_fd)
         if released.last_handle:
             self.on_last_handle(released.entry)
+            if released.superseded:  # its path has a newer version: nothing reads these blocks any more
+                self.cache.invalidate_file(released.entry.key)
+                self.cache.invalidate_file(HeadKey(released.entry.key))
         if released.src is not None:  # (its last reference closes the source file: a round trip)
             self._put_later(released.entry, released.src)
 

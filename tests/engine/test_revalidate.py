@@ -244,3 +244,32 @@ def test_revalidate_zero_asks_the_source_at_every_open(src: Path, tmp_path: Path
         assert d[m.SOURCE_STATS] == 1 and d[m.OPENS_FROM_META] == 0 and d[m.OPENS_REVALIDATED] == 1
     finally:
         engine.close()
+
+
+def test_a_handle_answered_from_metadata_keeps_its_version_after_the_path_is_opened_new(
+    src: Path, tmp_path: Path
+) -> None:
+    """Regression (a churn soak, served route): a handle whose open was answered from metadata holds no
+    source file, only the version's blocks in RAM. A newer version of its path opened meanwhile freed
+    those blocks at once, so the old handle's next read reopened the source, found the new file and
+    failed with ESTALE (SIGBUS in a mapping), where a reader of the source itself keeps reading the
+    file it opened. The blocks of a version with handles now go at its last release."""
+    clock = Clock()
+    engine = make(src, tmp_path, clock)
+    path, i = "/d/f03", 3
+    try:
+        assert path in scanned(engine)  # fetched whole by the scan: its block in RAM, its metadata fresh
+        before = counters(engine)
+        old = engine.open(path)
+        assert delta(counters(engine), before)[m.SOURCE_OPENS] == 0  # answered from metadata: no file held
+        replaced = src / "d" / "f03.new"
+        replaced.write_bytes(body(i, version=1))
+        os.replace(replaced, src / "d" / "f03")
+        clock.now += BOUND + EPS
+        assert read_whole(engine, path) == body(i, version=1)  # the new version, opened
+        assert engine.read(old.fh, 0, 2 * SIZE) == body(i)  # the old handle still reads its own
+        engine.release(old.fh)
+        engine.check_invariants()
+        assert engine.cache.peek(old.key, 0) is None  # its last release freed its blocks
+    finally:
+        engine.close()

@@ -286,6 +286,25 @@ def test_a_mapping_after_a_listing_and_a_rewrite_in_place_sees_one_version(src: 
         assert data == version_bytes(2, 8_000)
 
 
+# (h) an open handle whose pages the kernel dropped keeps reading its version after the path was opened
+# in a new one: its open was answered from metadata (no source file held), and the new version's open
+# freed the old one's blocks, so its next read failed with ESTALE before (SIGBUS in a mapping)
+@ROUTES
+def test_an_open_handle_keeps_its_version_after_the_path_is_opened_new(src: Path, mnt: Path, route: str) -> None:
+    old, new = version_bytes(1, 400_000), version_bytes(2, 300_000)
+    (src / "f.bin").write_bytes(old)
+    with mounted(src, mnt, options=[route_option(route)]):
+        assert (mnt / "f.bin").read_bytes() == old
+        time.sleep(1.2)  # past fuse.revalidate: the next open is revalidated by a stat, not reopened
+        with open(mnt / "f.bin", "rb", buffering=0) as held:
+            os.posix_fadvise(held.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # its pages: reads reach fastfs
+            head = held.read(PAGE)
+            replace(src / "f.bin", new)
+            time.sleep(1.2)
+            assert (mnt / "f.bin").read_bytes() == new
+            assert head + held.read() == old
+
+
 # -- passthrough ------------------------------------------------------------------------------------
 def test_passthrough_reads_and_maps_without_a_read_request(src: Path, mnt: Path) -> None:
     data = os.urandom(6 << 20)
