@@ -52,7 +52,7 @@ that has no backing id falls back to served (:meth:`NodeTable.fall_back`): none 
 answered yet, as a passthrough reply carries the id.
 
 Concurrency: ``_lock`` guards ``_by_id``, ``_current``, ``_names``, ``_kept`` and ``_next_id`` (all
-writes) and every node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen``,
+writes) and every node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen``, ``paged``,
 ``keepable``, ``kept`` (read and written under it, see :meth:`NodeTable.acquire`), ``version`` and
 ``st`` (written under it). ``kernel_size`` is a hint written without the lock by the adapter as it
 answers (one int store; set to -1 under the lock by :meth:`NodeTable.rebind` and
@@ -120,6 +120,7 @@ class Node:
         "route",
         "backing",
         "seen",
+        "paged",
         "kernel_size",
         "keepable",
         "kept",
@@ -139,6 +140,8 @@ class Node:
         self.route = ""  # route of the open handles ("served" or "passthrough"), "" when none
         self.backing = 0  # passthrough backing id shared by the open handles (0: none)
         self.seen = False  # opened before: the kernel may hold pages of this version
+        self.paged = False  # an open of it was released: the kernel may hold pages read through it (not
+        # set by an open still under way: a second reader opening the node meanwhile finds none there)
         # The size in the kernel's cached attributes of this node: what the last reply carrying them said
         # (the entry reply that made the node, then LOOKUP/READDIRPLUS/GETATTR replies, which the adapter
         # records); -1 after the kernel was told to drop them (rebind, grew) until a reply gives them again.
@@ -343,6 +346,7 @@ class NodeTable:
         the least recently released kept one when it is stale and keeping this one made too many."""
         with self._lock:
             node.opens -= 1
+            node.paged = True
             if node.opens > 0:
                 if self.checking:
                     self._check_locked()

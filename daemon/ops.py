@@ -362,7 +362,10 @@ class KernelOps:
         backed = bool(node.backing if node.opens else node.kept)  # (a hint too: see _attach_backing)
         try:
             expect = cast(FileKey, node.version)  # (a node opened is a file: its version is its FileKey)
-            return self.engine.open(node.path, flags, expect, node.seen, held, backed), False
+            # (the kernel may hold the version's pages once an open of the node was released, not while
+            # its first is under way: a second reader opening it then, answered from metadata, read a
+            # source the version had left: ESTALE; node.paged, a hint like the two above)
+            return self.engine.open(node.path, flags, expect, node.paged, held, backed), False
         except OSError as e:
             if e.errno != errno.ESTALE or node.seen:
                 raise

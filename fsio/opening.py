@@ -449,6 +449,8 @@ class Opener:
         if expect is not None and key != expect:
             if src is not None:
                 src.close()
+                if known is not None and known.key != key:  # the kernel's retry looks the name up again:
+                    self.scanner.forget([path])  # at the source, not in metadata the source just belied
             raise OSError(errno.ESTALE, "source file changed since it was looked up", path)
 
         def make() -> FileEntry:

@@ -5,6 +5,7 @@ unchanged (``fuse.trust_unchanged_dirs``), and the open that follows a lookup as
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -271,5 +272,30 @@ def test_a_handle_answered_from_metadata_keeps_its_version_after_the_path_is_ope
         engine.release(old.fh)
         engine.check_invariants()
         assert engine.cache.peek(old.key, 0) is None  # its last release freed its blocks
+    finally:
+        engine.close()
+
+
+def test_an_open_that_finds_the_source_changed_leaves_the_next_lookup_to_the_source(src: Path, tmp_path: Path) -> None:
+    """Regression (a churn soak): an open that reached the source found a new version there and
+    answered ESTALE, but the scan's metadata of the old one stayed trusted, so the kernel's retry (a
+    LOOKUP, then the OPEN) got the old version again and the reader's open failed with ESTALE. The
+    metadata the source belied is dropped: the retry's lookup asks the source."""
+    clock = Clock()
+    engine = make(src, tmp_path, clock)
+    path, i = "/d/f04", 4
+    try:
+        assert path in scanned(engine)  # its metadata fresh from the scan
+        old_key = engine.scanner.meta(path).key
+        engine.cache.invalidate_file(old_key)  # not in RAM: the open asks the source
+        replaced = src / "d" / "f04.new"
+        replaced.write_bytes(body(i, version=1) + b"longer")
+        os.replace(replaced, src / "d" / "f04")
+        with pytest.raises(OSError) as e:
+            engine.open(path, expect=old_key)
+        assert e.value.errno == errno.ESTALE
+        assert engine.lstat(path).st_size == SIZE + 6  # the kernel's retry: the new version
+        assert read_whole(engine, path) == body(i, version=1) + b"longer"
+        engine.check_invariants()
     finally:
         engine.close()

@@ -308,3 +308,34 @@ def test_a_reopen_of_a_kept_backing_file_rewritten_in_place_is_stale(passing, tr
     assert kernel.ids[101].st_size == len(new)
     s.release(fresh, fh)
     s.ops.nodes.check_invariants()
+
+
+def test_a_second_open_while_the_first_is_under_way_is_not_taken_for_cached_pages(tree, tmp_path) -> None:
+    """Regression (a churn soak, served route): two readers opening one node at once. The first open
+    marks the node seen; the second took that for pages the kernel holds, was answered from metadata
+    with nothing in RAM, and its READs went to a source the version had left meanwhile: ESTALE. The
+    kernel's pages count only once no open of the node is under way."""
+    s = Served(tree, tmp_path, "off")
+    try:
+        node = s.node("big")
+        seen: list[bool] = []
+        real_open = s.engine.open
+
+        def recording_open(path, flags=os.O_RDONLY, expect=None, cached=False, *args, **kwargs):
+            seen.append(cached)
+            return real_open(path, flags, expect, cached, *args, **kwargs)
+
+        s.engine.open = recording_open  # type: ignore[method-assign]
+        err, first, _ = s.open(node)
+        assert err == 0
+        err, second, _ = s.open(node)  # the first still open, nothing read through it
+        assert err == 0
+        s.release(node, second)
+        s.release(node, first)
+        s.session.run_late()  # the RELEASEs answered at once are counted on the node in a batch
+        err, third, _ = s.open(node)  # opened and released before: the kernel may hold its pages
+        assert err == 0
+        s.release(node, third)
+        assert seen == [False, False, True]
+    finally:
+        s.close()
