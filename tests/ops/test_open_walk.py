@@ -207,16 +207,22 @@ def passing(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     s.close()
 
 
-def test_a_passthrough_reopen_of_a_kept_backing_file_opens_no_source_file(passing, tree) -> None:
-    """The node's backing id is kept registered after its last release: the next open passes it again
-    after one stat of the source (the version revalidated), without opening the source file (an open,
-    an fstat and a close, three requests to the source on every open + close before)."""
-    s, kernel = passing
+def kept_node(s: Served, kernel: Backing) -> int:
+    """The node of "big" opened by passthrough and released: its backing id (100) kept registered."""
     node = s.node("big")
     err, fh, flags = s.open(node)
     assert err == 0 and flags & abi.FOPEN_PASSTHROUGH
     s.release(node, fh)
     assert list(kernel.ids) == [100] and kernel.closed == []  # kept registered
+    return node
+
+
+def test_a_passthrough_reopen_of_a_kept_backing_file_opens_no_source_file(passing, tree) -> None:
+    """The node's backing id is kept registered after its last release: the next open passes it again
+    after one stat of the source (the version revalidated), without opening the source file (an open,
+    an fstat and a close, three requests to the source on every open + close before)."""
+    s, kernel = passing
+    node = kept_node(s, kernel)
     before = s.engine.snapshot()["counters"]
     for _ in range(3):
         err, payload = s.fk.call(Op.OPEN, abi.OPEN_IN.pack(os.O_RDONLY, 0), node)
@@ -289,11 +295,7 @@ def test_a_reopen_of_a_kept_backing_file_rewritten_in_place_is_stale(passing, tr
     versions or faulted with SIGBUS past the new end. Such an open now revalidates by a stat: ESTALE,
     and the kernel's new lookup opens the new version."""
     s, kernel = passing
-    node = s.node("big")
-    err, fh, flags = s.open(node)
-    assert err == 0 and flags & abi.FOPEN_PASSTHROUGH
-    s.release(node, fh)
-    assert list(kernel.ids) == [100] and kernel.closed == []  # kept registered
+    node = kept_node(s, kernel)
     assert s.node("big") == node  # a lookup: the same version, its metadata fresh for the next open
     new = b"rewritten in place, shorter"
     with open(tree / "big", "r+b") as f:  # same inode: the kept backing file now holds these bytes
