@@ -17,7 +17,11 @@ directory does not give the directory (and every cached name below it) a new ino
 Lookup counts follow the protocol: every reply that hands the kernel a node id (LOOKUP, each
 READDIRPLUS entry) adds one to that node's ``nlookup``; FORGET subtracts. A node whose count drops
 to zero is dropped from the table; ids are never reused (a counter, so a late request naming a
-forgotten id finds nothing instead of another file).
+forgotten id finds nothing instead of another file). A FORGET that leaves a count is the kernel's
+eviction of one inode of the node while a lookup had already made the next one for the same id
+(the kernel queues the FORGET at the eviction, after that lookup's reply): the pages went with the
+evicted inode, so the node's ``paged`` goes too (``evicted`` counts such FORGETs, and the release
+of an open made before one, run late, does not mark the newer inode's pages).
 
 ``current`` maps each path to the node of the newest version looked up there; older nodes of the
 same path stay reachable by id until the kernel forgets them. The names the kernel holds in each
@@ -53,8 +57,11 @@ answered yet, as a passthrough reply carries the id.
 
 Concurrency: ``_lock`` guards ``_by_id``, ``_current``, ``_names``, ``_kept`` and ``_next_id`` (all
 writes) and every node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen``, ``paged``,
-``keepable``, ``kept`` (read and written under it, see :meth:`NodeTable.acquire`), ``version`` and
-``st`` (written under it). ``kernel_size`` is a hint written without the lock by the adapter as it
+``evicted``, ``keepable``, ``kept`` (read and written under it, see :meth:`NodeTable.acquire`), ``version`` and
+``st`` (written under it, and compared with a stat's version under it before a refresh: an open may
+rebind the node meanwhile). ``evicted`` is also read without the lock by the adapter as it answers
+an open (one int read: a FORGET racing it makes that open's release not count, a page guess lost).
+``kernel_size`` is a hint written without the lock by the adapter as it
 answers (one int store; set to -1 under the lock by :meth:`NodeTable.rebind` and
 :meth:`NodeTable.grew`): a race costs at most one handover skipped, or a store that sets the
 kernel's size to the version's own (its bytes are that version's), never a wrong byte. A node's
@@ -67,6 +74,7 @@ attributes as of a moment ago, a whole ``stat_result``, never a torn one).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -121,6 +129,7 @@ class Node:
         "backing",
         "seen",
         "paged",
+        "evicted",
         "kernel_size",
         "keepable",
         "kept",
@@ -141,7 +150,11 @@ class Node:
         self.backing = 0  # passthrough backing id shared by the open handles (0: none)
         self.seen = False  # opened before: the kernel may hold pages of this version
         self.paged = False  # an open of it was released: the kernel may hold pages read through it (not
-        # set by an open still under way: a second reader opening the node meanwhile finds none there)
+        # set by an open still under way: a second reader opening the node meanwhile finds none there,
+        # nor by the release of an open made before the kernel's last eviction of the node's inode)
+        # FORGETs of the node so far: each is the kernel's eviction of an inode of this node id, its
+        # pages gone with it (the node's count left is of a newer inode, made by a lookup meanwhile)
+        self.evicted = 0
         # The size in the kernel's cached attributes of this node: what the last reply carrying them said
         # (the entry reply that made the node, then LOOKUP/READDIRPLUS/GETATTR replies, which the adapter
         # records); -1 after the kernel was told to drop them (rebind, grew) until a reply gives them again.
@@ -223,6 +236,12 @@ class NodeTable:
                 if node is None or nodeid == ROOT_ID:
                     continue
                 node.nlookup -= count
+                # the kernel evicted an inode of this node id, and the pages it held went with it; counts
+                # left are of a newer inode a lookup made meanwhile (the FORGET queued at the eviction,
+                # read after that lookup's reply), which holds no page read before; the releases of
+                # opens made before this FORGET, run late, do not count (:meth:`released`)
+                node.paged = False
+                node.evicted += 1
                 if node.nlookup <= 0:
                     self._drop_locked(node)
                     if node.kept:
@@ -251,12 +270,17 @@ class NodeTable:
         """The node of the newest version looked up at *path* (None if the kernel holds none)."""
         return self._current.get(path)
 
-    def refresh(self, node: Node, st: os.stat_result) -> None:
-        """Newer attributes of the same version (a directory's times, a file's atime)."""
+    def refresh(self, node: Node, st: os.stat_result) -> bool:
+        """Newer attributes of the same version (a directory's times, a file's atime); False, nothing
+        changed, when *st* is of another version (checked under the lock: an open may
+        :meth:`rebind` the node between the caller's stat and this call)."""
         with self._lock:
+            if version_of(st) != node.version:
+                return False
             node.st = st
             if self.checking:
                 self._check_locked()
+            return True
 
     def rebind(self, node: Node, st: os.stat_result) -> bool:
         """Make a node that was never opened stand for the version *st* describes (the source
@@ -298,13 +322,21 @@ class NodeTable:
         with self._lock:
             return list(self._names.get(parent_id, ()))
 
-    def acquire(self, node: Node, route: str, join: bool = False) -> tuple[str, int]:
+    def acquire(
+        self, node: Node, route: str, join: bool = False, version: Version | tuple[()] | None = None
+    ) -> tuple[str, int]:
         """Count an open of *node* on *route*; returns (route, backing id) its open handles share.
 
         The first open of a node picks the route; while handles are open, an open on the other
         route gets the held route back and is not counted, or, with *join*, is counted on the held
-        route (the caller then has the open decided again for it)."""
+        route (the caller then has the open decided again for it). *version*: the version the open
+        found at the source; ESTALE, nothing counted, when the node stands for another one now (a
+        concurrent open of the node, never opened, rebound it to a newer version meanwhile: this
+        open's handle would read the old version through the inode of the new one, a short read
+        there setting the inode's size to the old version's)."""
         with self._lock:
+            if version is not None and version != node.version:
+                raise OSError(errno.ESTALE, "source file changed since it was looked up", node.path)
             if node.opens and node.route != route and not join:
                 return node.route, node.backing
             if node.opens == 0:
@@ -340,13 +372,15 @@ class NodeTable:
                 self._check_locked()
             return node.route, node.backing
 
-    def released(self, node: Node) -> int:
-        """Count a release of *node*; returns a backing id to close (else 0): the node's when it was
+    def released(self, node: Node, evicted: int = -1) -> int:
+        """Count a release of *node*, whose open was answered when the node's ``evicted`` was *evicted*
+        (-1: an open never answered); returns a backing id to close (else 0): the node's when it was
         the last handle and its id is not kept (also when the table is full of ids still in use), or
         the least recently released kept one when it is stale and keeping this one made too many."""
         with self._lock:
             node.opens -= 1
-            node.paged = True
+            if evicted == node.evicted:  # (its pages are in the inode the kernel holds now, if any)
+                node.paged = True
             if node.opens > 0:
                 if self.checking:
                     self._check_locked()

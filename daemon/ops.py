@@ -168,7 +168,9 @@ class KernelOps:
         self.listings = Listings(self._fetch_listing)
         self.negatives = Negatives()  # the names answered absent, per directory node
         self._lock = threading.Lock()
-        self._handles: dict[int, Node] = {}  # open handle -> its node (one atomic operation at a time)
+        # open handle -> its node and the node's ``evicted`` when it was answered (one atomic operation
+        # at a time)
+        self._handles: dict[int, tuple[Node, int]] = {}
         self._lookups = 0  # lookups being answered now
         self.lookups_max = 0  # most lookups answered at once (the kernel sends them in parallel)
         engine.listen(self)  # directory changes and file growths the engine finds: dir_changed, file_grew
@@ -267,11 +269,13 @@ class KernelOps:
             if node.opens and not node.is_dir:
                 return self._moved_on(node)
             raise _error(errno.ESTALE, "source entry is gone") from None
-        if not node.matches(st) and nodeid != ROOT_ID:
+        # (the version compared under the table's lock: an open may rebind the node meanwhile, and
+        # the attributes of the version it left would then stand for the new one's, a size cutting
+        # its bytes short)
+        if not self.nodes.refresh(node, st) and nodeid != ROOT_ID:
             if node.opens and not node.is_dir:
                 return self._moved_on(node)
             raise _error(errno.ESTALE, "source entry changed")
-        self.nodes.refresh(node, st)
         node.kernel_size = st.st_size
         return self.replies.attr(st)
 
@@ -310,8 +314,8 @@ class KernelOps:
         kernel_pages = node.seen  # (before this open marks it seen)
         opened, rebound = self._open_version(node, r.flags)
         try:
-            route, backing = self.nodes.acquire(node, opened.route, join=True)
-        except BaseException:  # (only the debug invariant checks raise here)
+            route, backing = self.nodes.acquire(node, opened.route, True, opened.key)
+        except BaseException:  # (ESTALE: the node was rebound meanwhile; or the debug invariant checks)
             self.engine.release(opened.fh)
             raise
         try:
@@ -323,7 +327,7 @@ class KernelOps:
             self._drop(node, opened.fh)
             raise
         fh = opened.fh
-        self._handles[fh] = node
+        self._handles[fh] = (node, node.evicted)
         if route == ROUTE_PASSTHROUGH:
             return replies.open_reply(fh, PASSTHROUGH_OPEN, backing)
         if not kernel_pages and self.session is not None and opened.st is not None:  # (decide: never
@@ -462,12 +466,12 @@ class KernelOps:
         if fh >= VIRTUAL_FH_BASE:
             self.controlfs.release(fh)
             return None
-        node = self._handles.pop(fh, None)
+        held = self._handles.pop(fh, None)
         if fh:
             self._direct_end(fh)
             self.engine.release(fh)
-        if node is not None:
-            backing = self.nodes.released(node)
+        if held is not None:
+            backing = self.nodes.released(*held)
             if backing and self.session is not None:
                 self.session.backing_close(backing)
         return None
@@ -589,7 +593,7 @@ class KernelOps:
         notifier = self.session.notifier if self.session is not None else None
         versions = (version_of(growth.old), version_of(growth.new))
         nodes = list(self._handles.values())  # (one atomic copy)
-        held = {n.nodeid: n for n in nodes if n.path == growth.path and n.version in versions}
+        held = {n.nodeid: n for n, _ in nodes if n.path == growth.path and n.version in versions}
         for node in held.values():
             if not self.nodes.grew(node, growth.new) or notifier is None:
                 continue

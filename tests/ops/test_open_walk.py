@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -339,5 +340,138 @@ def test_a_second_open_while_the_first_is_under_way_is_not_taken_for_cached_page
         assert err == 0
         s.release(node, third)
         assert seen == [False, False, True]
+    finally:
+        s.close()
+
+
+def test_an_open_after_the_kernel_evicted_the_nodes_inode_is_not_taken_for_cached_pages(tree, tmp_path) -> None:
+    """Regression (a tree churn soak, served route): a node opened and released, its inode then evicted
+    by the kernel (its pages with it) while a lookup reused the node id for a new inode; the FORGET of
+    the evicted inode came after that lookup. The next open took the node for one whose pages the
+    kernel holds, was answered from metadata with nothing in RAM, and its READs went to a source the
+    version had left: ESTALE. A FORGET clears the node's pages, and the release of an open made before
+    it (answered at once by the kernel loop, its handler run late, after the FORGET) sets none."""
+    s = Served(tree, tmp_path, "off")
+    try:
+        node = s.node("big")
+        held = s.ops.nodes.get(node)
+        assert held is not None
+        seen: list[bool] = []
+        real_open = s.engine.open
+
+        def recording_open(path, flags=os.O_RDONLY, expect=None, cached=False, *args, **kwargs):
+            seen.append(cached)
+            return real_open(path, flags, expect, cached, *args, **kwargs)
+
+        def evict() -> None:
+            """The kernel evicts the node's inode; a lookup made a new one first (one count left)."""
+            assert s.node("big") == node  # the new inode's lookup: the same version, the same node id
+            s.fk.send(Op.FORGET, abi.FORGET_IN.pack(held.nlookup - 1), node)  # (FORGET has no reply)
+            deadline = time.monotonic() + 5
+            while held.nlookup != 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert held.nlookup == 1
+
+        s.engine.open = recording_open  # type: ignore[method-assign]
+        err, fh, _ = s.open(node)
+        assert err == 0
+        s.release(node, fh)
+        s.session.run_late()  # the RELEASE answered at once is counted on the node in a batch
+        evict()
+        err, fh, _ = s.open(node)  # on the new inode: no page of it was read
+        assert err == 0
+        assert s.read(node, fh, 7, 100) == (tree / "big").read_bytes()[7:107]
+        evict()  # this open's RELEASE answered, the inode evicted, before its release is counted
+        s.release(node, fh)
+        s.session.run_late()
+        err, fh, _ = s.open(node)
+        assert err == 0
+        s.release(node, fh)
+        s.session.run_late()
+        err, fh, _ = s.open(node)  # opened and released on the inode the kernel holds: pages again
+        assert err == 0
+        s.release(node, fh)
+        assert seen == [False, False, False, True]
+    finally:
+        s.close()
+
+
+def test_a_getattr_racing_a_rebind_leaves_the_node_the_attributes_of_its_new_version(tree, tmp_path) -> None:
+    """Regression (a tree churn soak, served route: a read cut short, the new version's bytes under the
+    old version's size): a GETATTR of a node never opened compared the version it stat'ed with the
+    node's, then an open rebound the node to the source's new version, then the GETATTR stored the
+    old version's attributes on the node. Every later fstat of a handle of the node then told the
+    kernel the old size, and its reads stopped there. The comparison and the store are one step."""
+    old = os.urandom(3000)
+    new = os.urandom(400_000)
+    (tree / "f").write_bytes(old)
+    s = Served(tree, tmp_path, "off")
+    try:
+        node = s.node("f")
+        held = s.ops.nodes.get(node)
+        assert held is not None and held.st.st_size == len(old)
+        real_refresh = s.ops.nodes.refresh
+        rebound: list[bool] = []
+
+        def rebind_first(n, st):  # after the GETATTR's stat: the file replaced, an open rebinds the node
+            if not rebound:
+                (tree / "f.new").write_bytes(new)
+                os.replace(tree / "f.new", tree / "f")
+                rebound.append(s.ops.nodes.rebind(n, os.stat(tree / "f")))
+            return real_refresh(n, st)
+
+        s.ops.nodes.refresh = rebind_first  # type: ignore[method-assign]
+        err, _ = s.fk.call(Op.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), node)  # stat'ed the old version
+        assert rebound == [True]
+        assert err == errno.ESTALE  # (a reply the kernel drops: it was asked before the rebind's invalidation)
+        assert held.st.st_size == len(new)
+        err, fh, _ = s.open(node)
+        assert err == 0
+        err, out = s.fk.call(Op.GETATTR, abi.GETATTR_IN.pack(abi.GETATTR_FH, 0, fh), node)  # fstat
+        assert err == 0 and abi.ATTR_OUT.unpack(out)[4] == len(new)
+        assert s.read(node, fh, len(new) - 100, 100) == new[-100:]
+        s.release(node, fh)
+    finally:
+        s.close()
+
+
+def test_an_open_whose_node_was_rebound_meanwhile_is_stale(tree, tmp_path) -> None:
+    """Regression (a tree churn soak, served route: reads cut short, SIGBUS in mappings): two first
+    opens of one node. The first found the version the node stood for at the source; before it was
+    counted on the node, the file was replaced and the second open rebound the (never opened) node to
+    the new version. The first open was answered with a handle on the old version through the new
+    version's inode: its short read set the inode's size to the old version's, and the second
+    reader's reads of the new version stopped there. The first open is now ESTALE (the kernel looks
+    the name up again) and the node's reads are the new version's."""
+    old = os.urandom(3000)
+    new = os.urandom(400_000)
+    (tree / "f").write_bytes(old)
+    s = Served(tree, tmp_path, "off")
+    try:
+        node = s.node("f")
+        real_open = s.engine.open
+        rebound: list[bool] = []
+
+        def rebound_meanwhile(*args, **kwargs):
+            result = real_open(*args, **kwargs)  # the old version, found at the source
+            if not rebound:  # the file replaced, the other open rebinds the node
+                (tree / "f.new").write_bytes(new)
+                os.replace(tree / "f.new", tree / "f")
+                rebound.append(s.ops.nodes.rebind(s.ops.nodes.get(node), os.stat(tree / "f")))
+            return result
+
+        s.engine.open = rebound_meanwhile  # type: ignore[method-assign]
+        err, fh, _ = s.open(node)
+        assert rebound == [True]
+        assert err == errno.ESTALE
+        assert s.ops.nodes.get(node).opens == 0
+        assert s.node("f") == node  # the kernel's retry: the name is the node's version now
+        err, fh, _ = s.open(node)
+        assert err == 0
+        err, out = s.fk.call(Op.GETATTR, abi.GETATTR_IN.pack(abi.GETATTR_FH, 0, fh), node)  # fstat
+        assert err == 0 and abi.ATTR_OUT.unpack(out)[4] == len(new)
+        assert s.read(node, fh, 0, 4096) == new[:4096]
+        s.release(node, fh)
+        s.ops.nodes.check_invariants()
     finally:
         s.close()
