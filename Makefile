@@ -15,7 +15,7 @@ PIP_INSTALL ?= $(PIP) install -q --disable-pip-version-check --root-user-action=
 APT_GET ?= apt-get
 
 .PHONY: system-deps setup demo test lint typecheck unit check man bench bench-deps bench-local bench-latency bench-formats bench-stats bench-disktier \
-	bench-matrix bench-floor bench-net bench-changing clean
+	bench-matrix bench-floor bench-net bench-changing bench-churn clean
 
 # fuse3 ships fusermount3 and libfuse3 (never Debian's "fuse": it conflicts with fuse3);
 # systemd provides systemd-analyze for the unit test; zsh and fish run the completion tests; gcc,
@@ -102,6 +102,11 @@ bench-net: bench-deps
 BENCH_CHANGING_ARGS ?=
 bench-changing: setup
 	$(PYTHON) benchmarks/bench_changing.py $(BENCH_CHANGING_ARGS)
+
+# Churn soaks: wrong bytes and failed reads while the source changes (BENCH_CHURN_ARGS="--seconds 60").
+BENCH_CHURN_ARGS ?=
+bench-churn: setup
+	$(PYTHON) benchmarks/bench_churn.py $(BENCH_CHURN_ARGS)
 
 bench-local: setup
 	$(PYTHON) benchmarks/bench_local.py
