@@ -11,8 +11,9 @@ other for ``--seconds`` each. The figures are counts, not times, so they are not
   through the reader's root and read about half the files they meet whole, a fraction (``--mmap``)
   by ``mmap``. Every 4 KiB page of a file starts with its name, version and size, so each read is
   checked on its own: right (one version, whole), wrong (a mix of versions, cut short, too long),
-  or failed (by errno at open or read; ENOENT at open is expected, names vanish). A reader killed
-  by a signal (SIGBUS in a mapping past the size the kernel holds) counts as killed.
+  or failed (by errno at open or read; ENOENT at open is expected, names vanish). A mapped read
+  is made in a child process: one killed by SIGBUS (a page past the size the kernel holds) is a
+  failed read (``mapped read SIGBUS``), and the reader goes on.
 * ``files``: one process writes and reads: 400 names, at most 200 files of 1 KB-5 MB; each step
   writes a new version of a name (renamed over it, or rewritten in place for ``--inplace`` of the
   steps), deletes a file when there are more than 200, then reads three live files whole through the
@@ -74,6 +75,8 @@ FILE_READS = 3
 FILE_LISTING = 0.05
 # fastfs's default bound on serving a replaced version (fuse.revalidate, s), plus scheduling slack.
 BOUND = 1.1
+# Exit code of a mapped read's child that failed otherwise than by an errno (errnos are below it).
+CHILD_FAILED = 255
 # Mount point of fastfs.
 FASTFS_MOUNT = "churn-fastfs"
 
@@ -114,14 +117,43 @@ def read_whole(path: str, by_mmap: bool) -> bytes:
         return read_open(f, by_mmap)
 
 
+class KilledReadError(Exception):
+    """A mapped read died of a signal (SIGBUS: a page past the end of the file the kernel holds)."""
+
+
 def read_open(f: BinaryIO, by_mmap: bool) -> bytes:
-    """The whole of open file *f*, by ``read`` or by ``mmap`` of the size ``fstat`` gives."""
-    if by_mmap:
-        size = os.fstat(f.fileno()).st_size
-        if size:
-            with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
-                return m[:]
-    return f.read()
+    """The whole of open file *f*, by ``read`` or by ``mmap`` of the size ``fstat`` gives (in a child
+    process, so a SIGBUS kills that read, not the reader: :class:`KilledReadError`)."""
+    if not by_mmap:
+        return f.read()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # (the child: map, copy into the pipe, exit with 0 or the errno)
+        code = 0
+        try:
+            os.close(r)
+            size = os.fstat(f.fileno()).st_size
+            data = b""
+            if size:
+                with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+                    data = m[:]
+            with open(w, "wb") as out:
+                out.write(data)
+        except OSError as e:
+            code = e.errno or CHILD_FAILED
+        except BaseException:
+            code = CHILD_FAILED
+        os._exit(code)
+    os.close(w)
+    with open(r, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        raise KilledReadError(signal.Signals(os.WTERMSIG(status)).name)
+    code = os.WEXITSTATUS(status)
+    if code:
+        raise OSError(code, os.strerror(code) if code != CHILD_FAILED else "mapped read failed")
+    return data
 
 
 def _errname(e: OSError) -> str:
@@ -156,6 +188,10 @@ def tree_reader(root: str, seconds: float, seed: int, mmap_share: float) -> dict
                             data = read_open(fh, rng.random() < mmap_share)
                     except OSError as e:
                         key = f"read {_errname(e)}"
+                        errors[key] = errors.get(key, 0) + 1
+                        continue
+                    except KilledReadError as e:
+                        key = f"mapped read {e}"
                         errors[key] = errors.get(key, 0) + 1
                         continue
                     out["reads"] += 1  # type: ignore[operator]
@@ -346,6 +382,10 @@ def _check_file(root: str, name: str, current: Version, versions: list[Version],
         data = read_whole(os.path.join(root, name), by_mmap)
     except OSError as e:
         key = _errname(e)
+        tally.errors[key] = tally.errors.get(key, 0) + 1
+        return
+    except KilledReadError as e:
+        key = f"mapped read {e}"
         tally.errors[key] = tally.errors.get(key, 0) + 1
         return
     if data == stamped(name, current.number, current.size):

@@ -45,3 +45,14 @@ def test_the_tree_writer_renames_whole_files_into_place(tmp_path) -> None:
             assert not f.startswith(".")  # no temporary name left behind
             with open(path, "rb") as fh:
                 assert check_stamped(rel, fh.read()) is None
+
+
+def test_a_mapped_read_is_made_apart_and_returns_the_whole_file(tmp_path) -> None:
+    path = tmp_path / "f"
+    data = stamped("f", 1, 3 * PAGE + 5)
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        assert bench_churn.read_open(f, True) == data
+    path.write_bytes(b"")
+    with open(path, "rb") as f:
+        assert bench_churn.read_open(f, True) == b""
