@@ -56,9 +56,10 @@ that has no backing id falls back to served (:meth:`NodeTable.fall_back`): none 
 answered yet, as a passthrough reply carries the id.
 
 Concurrency: ``_lock`` guards ``_by_id``, ``_current``, ``_names``, ``_kept`` and ``_next_id`` (all
-writes) and every node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen``, ``paged``,
-``evicted``, ``keepable``, ``kept`` (read and written under it, see :meth:`NodeTable.acquire`), ``version`` and
-``st`` (written under it, and compared with a stat's version under it before a refresh: an open may
+writes) and every node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen``,
+``paged``, ``evicted``, ``listers``, ``keepable``, ``kept`` (read and written under it, see
+:meth:`NodeTable.acquire`; ``listers`` also read without it by GETATTR, a hint of one int),
+``version`` and ``st`` (written under it, and compared with a stat's version under it before a refresh: an open may
 rebind the node meanwhile). ``evicted`` is also read without the lock by the adapter as it answers
 an open (one int read: a FORGET racing it makes that open's release not count, a page guess lost).
 ``kernel_size`` is a hint written without the lock by the adapter as it
@@ -130,6 +131,7 @@ class Node:
         "seen",
         "paged",
         "evicted",
+        "listers",
         "kernel_size",
         "keepable",
         "kept",
@@ -155,6 +157,7 @@ class Node:
         # FORGETs of the node so far: each is the kernel's eviction of an inode of this node id, its
         # pages gone with it (the node's count left is of a newer inode, made by a lookup meanwhile)
         self.evicted = 0
+        self.listers = 0  # open directory handles (OPENDIR not yet released)
         # The size in the kernel's cached attributes of this node: what the last reply carrying them said
         # (the entry reply that made the node, then LOOKUP/READDIRPLUS/GETATTR replies, which the adapter
         # records); -1 after the kernel was told to drop them (rebind, grew) until a reply gives them again.
@@ -350,6 +353,20 @@ class NodeTable:
                 self._check_locked()
             return node.route, node.backing
 
+    def dir_opened(self, node: Node) -> None:
+        """Count an open handle of directory *node* (an OPENDIR)."""
+        with self._lock:
+            node.listers += 1
+            if self.checking:
+                self._check_locked()
+
+    def dir_released(self, node: Node) -> None:
+        """Count the release of an open handle of directory *node* (a RELEASEDIR)."""
+        with self._lock:
+            node.listers -= 1
+            if self.checking:
+                self._check_locked()
+
     def attach_backing(self, node: Node, backing: int, keep: bool = False) -> int:
         """Record the passthrough backing id of *node*'s open handles; returns the one to use (an
         id attached meanwhile by a concurrent open wins: the caller closes its own), or 0 when the
@@ -423,6 +440,7 @@ class NodeTable:
             )
             assert node.nlookup > 0, f"nodes: node {nodeid} kept without references"
             assert node.opens >= 0, f"nodes: node {nodeid} has {node.opens} opens"
+            assert node.listers >= 0, f"nodes: node {nodeid} has {node.listers} open directory handles"
             assert (node.opens == 0) == (node.route == ""), (
                 f"nodes: node {nodeid} has {node.opens} opens on route {node.route!r}"
             )

@@ -266,14 +266,14 @@ class KernelOps:
         except FileNotFoundError:
             if nodeid == ROOT_ID:
                 raise
-            if node.opens and not node.is_dir:
+            if node.opens or node.listers:
                 return self._moved_on(node)
             raise _error(errno.ESTALE, "source entry is gone") from None
         # (the version compared under the table's lock: an open may rebind the node meanwhile, and
         # the attributes of the version it left would then stand for the new one's, a size cutting
         # its bytes short)
         if not self.nodes.refresh(node, st) and nodeid != ROOT_ID:
-            if node.opens and not node.is_dir:
+            if node.opens or node.listers:
                 return self._moved_on(node)
             raise _error(errno.ESTALE, "source entry changed")
         node.kernel_size = st.st_size
@@ -285,10 +285,12 @@ class KernelOps:
         return self.replies.attr(st)
 
     def _moved_on(self, node: Node) -> bytes:
-        """GETATTR (without a handle: the kernel sends fstat so too) of a file node with open handles
-        whose name now stands for another version, or none: the node's own version (its open files'
+        """GETATTR (without a handle: the kernel sends fstat so too) of a node with open handles whose
+        name now stands for another version, or none: the node's own version (its open files'
         ``fstat`` must show the size they read), and the kernel drops the name (queued), so the next
-        path walk looks it up again and finds the new version's node. (ESTALE here failed ``fstat``.)"""
+        path walk looks it up again and finds the new version's node. (ESTALE here failed ``fstat``:
+        of a file, and of a directory removed and made again at the source between the open of its
+        old node and the ``fstat`` that glibc's ``opendir`` makes, so ``os.listdir`` failed.)"""
         notifier = self.session.notifier if self.session is not None else None
         if notifier is not None:
             notifier.submit(("entry", node.parent, os.fsencode(node.name)))
@@ -513,10 +515,13 @@ class KernelOps:
         :mod:`fastfs.daemon.listings`) and no cache flags, so every listing reaches the daemon, which
         checks it against the source."""
         if request.nodeid != CONTROL_ID:
-            self._node(request.nodeid)
+            self.nodes.dir_opened(self._node(request.nodeid))  # (its fstat: see _moved_on)
         return replies.open_reply(0, 0)
 
     def releasedir(self, request: Request, r: ReleaseIn) -> None:
+        node = self.nodes.get(request.nodeid)
+        if node is not None and request.nodeid != CONTROL_ID:
+            self.nodes.dir_released(node)
         return None
 
     def _fetch_listing(self, nodeid: int) -> list[Dirent]:
