@@ -123,12 +123,13 @@ class _DirFd:
     """One O_PATH descriptor of a source directory, shared by the metadata calls using it (``refs``:
     those calls, plus one while :class:`DirFds` keeps it; the last one gone closes it)."""
 
-    __slots__ = ("fd", "opened_at", "refs")
+    __slots__ = ("fd", "opened_at", "refs", "ident")
 
     def __init__(self, fd: int, opened_at: float, refs: int) -> None:
         self.fd = fd
         self.opened_at = opened_at
         self.refs = refs
+        self.ident: tuple[int, int] | None = None  # (device, inode) of a kept one, read when it is kept
 
 
 class DirFds:
@@ -167,6 +168,12 @@ class DirFds:
         fresh = _DirFd(self._open_dir(parts), now, 1)
         if trust <= 0:
             return fresh
+        try:
+            st = os.fstat(fresh.fd)
+        except BaseException:
+            os.close(fresh.fd)
+            raise
+        fresh.ident = (st.st_dev, st.st_ino)
         closing: list[_DirFd] = []
         with self._lock:
             old = self._kept.pop(key, None)  # (kept by a concurrent call meanwhile: this one wins)
@@ -182,6 +189,23 @@ class DirFds:
         for d in closing:
             os.close(d.fd)
         return fresh
+
+    def verify(self, parts: list[str], st: os.stat_result) -> None:
+        """A stat of the directory ``root/parts`` found *st* now: a kept descriptor of another directory
+        (removed, or replaced by a rename, since it was kept) is not kept any more, so the next call
+        in it opens the one the path names now. (Within the bound it would have answered from the
+        directory that was there: a file listed in the new one, ENOENT at its lookup for up to the
+        bound.)"""
+        key = "/".join(parts)
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is None or kept.ident == (st.st_dev, st.st_ino):
+                return
+            del self._kept[key]
+            kept.refs -= 1
+            if kept.refs:
+                return
+        os.close(kept.fd)
 
     def put(self, d: _DirFd) -> None:
         """Give back a reference :meth:`get` handed out."""
@@ -305,12 +329,16 @@ class Source:
         if stats is not None:  # (count() inlined: every open and lookup comes here)
             stats.add(m.SOURCE_STATS)
         if len(parts) < 2:  # the root, or a name in it: relative to the root's own descriptor
-            return os.stat(parts[0], dir_fd=self.root_fd, follow_symlinks=False) if parts else os.stat(self.root_fd)
-        d = self.dirs.get(parts[:-1])
-        try:
-            return os.stat(parts[-1], dir_fd=d.fd, follow_symlinks=False)
-        finally:
-            self.dirs.put(d)
+            st = os.stat(parts[0], dir_fd=self.root_fd, follow_symlinks=False) if parts else os.stat(self.root_fd)
+        else:
+            d = self.dirs.get(parts[:-1])
+            try:
+                st = os.stat(parts[-1], dir_fd=d.fd, follow_symlinks=False)
+            finally:
+                self.dirs.put(d)
+        if parts and stat.S_ISDIR(st.st_mode):  # (every listing's check comes here: see DirFds.verify)
+            self.dirs.verify(parts, st)
+        return st
 
     def fstat(self, fd: int) -> os.stat_result:
         """The attributes of an open source file now (one request to the source, counted)."""

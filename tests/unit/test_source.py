@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import shutil
 import stat
 import subprocess
 
@@ -423,6 +424,27 @@ def test_a_swapped_directory_is_seen_once_the_bound_has_passed(kept, tree):
     assert s.lstat("/sub/f").st_ino == old.st_ino  # sub.old/f: the directory opened a moment ago
     clock.now += 1.5
     assert errno_of(s.lstat, "/sub/f") in REFUSED  # never the symlink's target
+
+
+def test_a_directory_made_again_is_used_once_a_stat_of_it_sees_it(kept, tree):
+    """Regression (a directory removed and made again at the source, then listed through the mount):
+    a lookup in it within the bound went through the kept descriptor of the removed directory, so a
+    file the new directory's listing had just shown was ENOENT for up to the bound (the first open
+    after the listing failed in 20 rounds of 20, fine after 1.00-1.02 s). A stat of the directory
+    (every listing's check makes one) that finds another directory there drops the kept one."""
+    s, clock, opened = kept
+    assert s.lstat("/sub/f").st_size == (tree / "sub" / "f").stat().st_size
+    (tree / "sub.new").mkdir()
+    (tree / "sub.new" / "g").write_bytes(b"new")
+    shutil.rmtree(tree / "sub")
+    os.rename(tree / "sub.new", tree / "sub")
+    assert errno_of(s.lstat, "/sub/g") == errno.ENOENT  # within the bound: the kept (removed) directory
+    assert s.lstat("/sub").st_ino == (tree / "sub").stat().st_ino  # the listing's check of the directory
+    assert s.lstat("/sub/g").st_size == 3  # no clock moved: the directory there now
+    assert opened == [["sub"], ["sub"]]
+    assert s.lstat("/sub").st_ino == (tree / "sub").stat().st_ino
+    s.lstat("/sub/g")
+    assert opened == [["sub"], ["sub"]]  # the same directory: kept
 
 
 def test_trust_zero_keeps_no_directory_and_leaks_no_descriptor(tree, resolver):
