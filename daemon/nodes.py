@@ -59,10 +59,10 @@ Concurrency: ``_lock`` guards ``_by_id``, ``_current``, ``_names``, ``_kept`` an
 writes) and every node's mutable fields: ``nlookup``, ``opens``, ``route``, ``backing``, ``seen``,
 ``paged``, ``evicted``, ``listers``, ``keepable``, ``kept`` (read and written under it, see
 :meth:`NodeTable.acquire`; ``listers`` also read without it by GETATTR, a hint of one int),
-``version`` and ``st`` (written under it, and compared with a stat's version under it before a refresh: an open may
-rebind the node meanwhile). ``evicted`` is also read without the lock by the adapter as it answers
-an open (one int read: a FORGET racing it makes that open's release not count, a page guess lost).
-``kernel_size`` is a hint written without the lock by the adapter as it
+``version`` and ``st`` (written under it, and compared with a stat's version under it before a
+refresh: an open may rebind the node meanwhile). ``evicted`` is also read without the lock by the
+adapter as it answers an open (one int read: a FORGET racing it makes that open's release not
+count, a page guess lost). ``kernel_size`` is a hint written without the lock by the adapter as it
 answers (one int store; set to -1 under the lock by :meth:`NodeTable.rebind` and
 :meth:`NodeTable.grew`): a race costs at most one handover skipped, or a store that sets the
 kernel's size to the version's own (its bytes are that version's), never a wrong byte. A node's
