@@ -194,6 +194,7 @@ class NodeTable:
         self._current: dict[str, Node] = {"/": root}
         self._names: dict[int, dict[str, int]] = {}  # directory node id -> child name -> its live nodes
         self._next_id = FIRST_ID
+        self.forgets = 0  # FORGET and BATCH_FORGET requests handled (written under _lock; read as a hint)
 
     def get(self, nodeid: int) -> Node | None:
         return self._by_id.get(nodeid)
@@ -233,6 +234,7 @@ class NodeTable:
         Returns the kept backing ids of the nodes dropped, for the caller to close."""
         close: list[int] = []
         with self._lock:
+            self.forgets += 1
             by_id = self._by_id
             for nodeid, count in items:
                 node = by_id.get(nodeid)

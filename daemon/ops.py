@@ -370,8 +370,11 @@ class KernelOps:
             expect = cast(FileKey, node.version)  # (a node opened is a file: its version is its FileKey)
             # (the kernel may hold the version's pages once an open of the node was released, not while
             # its first is under way: a second reader opening it then, answered from metadata, read a
-            # source the version had left: ESTALE; node.paged, a hint like the two above)
-            return self.engine.open(node.path, flags, expect, node.paged, held, backed), False
+            # source the version had left: ESTALE; node.paged, a hint like the two above; and not while
+            # a FORGET read is still being handled: the kernel's eviction that queued it may have taken
+            # the inode this open was made for, its pages with it)
+            paged = node.paged and not self._forget_pending()
+            return self.engine.open(node.path, flags, expect, paged, held, backed), False
         except OSError as e:
             if e.errno != errno.ESTALE or node.seen:
                 raise
@@ -382,6 +385,12 @@ class KernelOps:
         if self.session is not None:
             self.session.inval_inode(node.nodeid, -1, 0)  # attributes only: the node has no pages
         return result, True
+
+    def _forget_pending(self) -> bool:
+        """Whether a FORGET or BATCH_FORGET the session read is not handled yet (its handler may run
+        on another worker after this request's, though the kernel queued it first)."""
+        session = self.session
+        return session is not None and session.forgets_read() > self.nodes.forgets
 
     def _attach_backing(self, node: Node, opened: OpenResult) -> tuple[str, int, OpenResult]:
         """The node's handles pass through and have no backing id yet: register this open's backing

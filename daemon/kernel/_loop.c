@@ -145,6 +145,7 @@ typedef struct {
     int spinner;             /* a reader is polling (atomic) */
     uint64_t last_request;   /* monotonic ns of the last request read (atomic, relaxed) */
     unsigned long long spun; /* requests a spinning reader read (atomic, relaxed) */
+    unsigned long long forgets; /* FORGET and BATCH_FORGET requests read, counted before the GIL (atomic) */
 } Readers;
 
 static uint64_t now_ns(void)
@@ -370,7 +371,17 @@ static PyObject *Readers_spun(Readers *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(__atomic_load_n(&self->spun, __ATOMIC_RELAXED));
 }
 
+/* FORGET and BATCH_FORGET requests read so far. Counted by the reading thread right after its read,
+ * before it takes the GIL for the handler: a request the kernel queued after a FORGET (an OPEN of a
+ * node whose inode the FORGET's eviction took, pages and all) finds the FORGET counted here even when
+ * its handler runs first on another thread, so the adapter can tell one is still being handled. */
+static PyObject *Readers_forgets(Readers *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&self->forgets, __ATOMIC_SEQ_CST));
+}
+
 static PyMethodDef Readers_methods[] = {
+    {"forgets", (PyCFunction)Readers_forgets, METH_NOARGS, "FORGET and BATCH_FORGET requests read so far."},
     {"end", (PyCFunction)Readers_end, METH_NOARGS, "The connection is gone: no worker reads again, the parked leave."},
     {"counts", (PyCFunction)Readers_counts, METH_NOARGS, "(readers, parked, ending): for tests."},
     {"spun", (PyCFunction)Readers_spun, METH_NOARGS, "Requests read by a spinning reader (spin_us)."},
@@ -402,6 +413,9 @@ static PyTypeObject ReadersType = {
  * records) or a closed one takes no more: the loop then calls the handler as before. `lock` is never
  * held across I/O or a Python call. */
 #define OP_RELEASE 18
+/* FUSE_FORGET and FUSE_BATCH_FORGET (counted as they are read: Readers_forgets). */
+#define OP_FORGET 2
+#define OP_BATCH_FORGET 42
 /* Bytes of one kept request: the header (40) and struct fuse_release_in (24). */
 #define LATER_RECORD 64
 
@@ -1461,6 +1475,11 @@ static PyObject *serve(PyObject *module, PyObject *const *args, Py_ssize_t nargs
             n = read_request(places, fd, buf, (size_t)buffer.len, &nonblock, may_spin, &got_at);
             if (n < 0)
                 read_errno = errno;
+        }
+        if (n >= (ssize_t)sizeof(struct in_header)) {
+            uint32_t read_op = ((const struct in_header *)buf)->opcode;
+            if (read_op == OP_FORGET || read_op == OP_BATCH_FORGET) /* (see Readers_forgets) */
+                __atomic_add_fetch(&places->forgets, 1, __ATOMIC_SEQ_CST);
         }
         if (n >= (ssize_t)sizeof(struct in_header) && bare_answer(places, &me, bare, buf)) {
             int code = write_reply_nogil(fd, ((const struct in_header *)buf)->unique, -ENOSYS, NULL, 0);

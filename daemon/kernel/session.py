@@ -157,6 +157,8 @@ NO_REPLY = object()
 _HEADER = abi.IN_HEADER
 _OUT = abi.OUT_HEADER
 _HEADER_SIZE = _HEADER.size
+# The requests that drop the kernel's references to nodes (counted as read: Session.forgets_read).
+_FORGET_OPS = frozenset({abi.Op.FORGET, abi.Op.BATCH_FORGET})
 _OUT_SIZE = _OUT.size
 
 
@@ -291,6 +293,9 @@ class Session:
         # reading worker that keeps reading for the next request a while: see read_request in _loop.c),
         # or None
         self._places = native_loop.Readers(SPARE_READERS, spin_us) if self.native and native_loop is not None else None
+        # FORGET and BATCH_FORGET requests the Python loop read (the native loop counts in _places)
+        self._forgets_lock = threading.Lock()
+        self._forgets_read = 0  # guarded by _forgets_lock
         self.handlers = handlers
         self.wishes = wishes
         self.threads = threads
@@ -438,6 +443,15 @@ class Session:
             self._late_ending.wait(LATER_BATCH)  # (let a batch gather)
             self.run_late()
 
+    def forgets_read(self) -> int:
+        """FORGET and BATCH_FORGET requests read so far, each counted by the worker that read it before
+        its handler runs (the native loop: before it takes the GIL). The adapter compares it with the
+        FORGETs it handled: one read and not yet handled may have been queued by the kernel's eviction
+        of an inode a request being answered now was made for (a node whose pages went with it)."""
+        if self._places is not None:
+            return int(self._places.forgets())
+        return self._forgets_read
+
     def run_late(self) -> int:
         """Run the RELEASE handler on every RELEASE the loop answered and kept, after any batch already
         being run (so a caller that needs the handles' counts exact sees them); returns how many ran."""
@@ -510,6 +524,9 @@ class Session:
                     break
                 continue
             length, opcode, unique, nodeid, uid, gid, pid, _ext, _pad = unpack(buf)
+            if opcode in _FORGET_OPS:  # (counted as soon as read: see forgets_read)
+                with self._forgets_lock:
+                    self._forgets_read += 1
             counts[opcode] = counts.get(opcode, 0) + 1
             handler = handlers.get(opcode)
             if handler is None:
