@@ -43,13 +43,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_changing import Contender, make_contenders, parse_storage, route_note, storage_mnt, storage_over  # noqa: E402
-from benchkit.cli import RAM_ROOT  # noqa: E402
+from benchkit.cli import RAM_ROOT, add_fastfs_options, extra_options, selected  # noqa: E402
 from benchkit.report import log, markdown_table  # noqa: E402
 from benchkit.storages import StorageSpec  # noqa: E402
 from benchkit.system import mountpoint, require_root  # noqa: E402
@@ -308,7 +309,7 @@ def scenario_tree(args: argparse.Namespace, spec: StorageSpec | None, work: str,
         writer = TreeWriter(top, args.seed)
         for k in range(TREE_DIRS):
             writer.fill(f"d{k}")
-        with storage_over(spec, top) as st, c.root(storage_mnt(st, top), mountpoint(FASTFS_MOUNT)) as root:
+        with reader_root(c, spec, top) as root:
             tally = run_tree(root, top, args)
         rows.append(
             [
@@ -410,7 +411,7 @@ def scenario_files(args: argparse.Namespace, spec: StorageSpec | None, work: str
     for c in contenders:
         top = os.path.join(work, f"files-{c.label.replace(' ', '-')}")
         os.makedirs(top)
-        with storage_over(spec, top) as st, c.root(storage_mnt(st, top), mountpoint(FASTFS_MOUNT)) as root:
+        with reader_root(c, spec, top) as root:
             tally = run_files(root, top, args)
         rows.append(
             [
@@ -445,6 +446,14 @@ def scenario_files(args: argparse.Namespace, spec: StorageSpec | None, work: str
 
 
 # -- main -----------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def reader_root(c: Contender, spec: StorageSpec | None, top: str) -> Iterator[str]:
+    """Where contender *c* reads directory *top*: the storage mounted over it (or *top* itself), directly
+    or through fastfs."""
+    with storage_over(spec, top) as st, c.root(storage_mnt(st, top), mountpoint(FASTFS_MOUNT)) as root:
+        yield root
+
+
 def _where(spec: StorageSpec | None) -> str:
     return "local directory" if spec is None else spec.describe()
 
@@ -459,15 +468,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     p.add_argument("--seed", type=int, default=3, help="seed of the writers and readers")
     p.add_argument("--storage", default="local", help="local, emu:SPEC, sshfs or rclone")
     p.add_argument("--ram-dir", default=RAM_ROOT, help="data directory in RAM (tmpfs)")
-    p.add_argument("-o", "--fastfs-options", action="append", default=[], help="extra fastfs mount options")
+    add_fastfs_options(p)
     args = p.parse_args(argv)
-    args.scenarios = [s.strip() for s in args.only.split(",") if s.strip()] or list(SCENARIOS)
-    unknown = [s for s in args.scenarios if s not in SCENARIOS]
-    if unknown:
-        p.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    args.scenarios = selected(args, SCENARIOS)
     if args.seconds <= 0 or args.readers < 1 or not 0 <= args.mmap <= 1 or not 0 <= args.inplace <= 1:
         p.error("--seconds > 0, --readers >= 1, and --mmap, --inplace between 0 and 1, please")
-    args.extra = [o for opt in args.fastfs_options for o in opt.split(",") if o]
+    args.extra = extra_options(args)
     return p, args
 
 

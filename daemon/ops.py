@@ -528,8 +528,8 @@ class KernelOps:
         return replies.open_reply(0, 0)
 
     def releasedir(self, request: Request, r: ReleaseIn) -> None:
-        node = self.nodes.get(request.nodeid)
-        if node is not None and request.nodeid != CONTROL_ID:
+        node = self.nodes.get(request.nodeid)  # (None for the control directory: not in the table)
+        if node is not None:
             self.nodes.dir_released(node)
         return None
 

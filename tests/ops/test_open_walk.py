@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -314,6 +315,27 @@ def test_a_reopen_of_a_kept_backing_file_rewritten_in_place_is_stale(passing, tr
     s.ops.nodes.check_invariants()
 
 
+def cached_hints(s: Served) -> list[bool]:
+    """The ``cached`` hint (the kernel may hold the version's pages) of each engine open from now on."""
+    seen: list[bool] = []
+    real_open = s.engine.open
+
+    def recording_open(path, flags=os.O_RDONLY, expect=None, cached=False, *args, **kwargs):
+        seen.append(cached)
+        return real_open(path, flags, expect, cached, *args, **kwargs)
+
+    s.engine.open = recording_open  # type: ignore[method-assign]
+    return seen
+
+
+def wait_until(done: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll *done* (a request with no reply, such as FORGET, is handled on a worker) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert done()
+
+
 def test_a_second_open_while_the_first_is_under_way_is_not_taken_for_cached_pages(tree, tmp_path) -> None:
     """Regression (a churn soak, served route): two readers opening one node at once. The first open
     marks the node seen; the second took that for pages the kernel holds, was answered from metadata
@@ -322,14 +344,7 @@ def test_a_second_open_while_the_first_is_under_way_is_not_taken_for_cached_page
     s = Served(tree, tmp_path, "off")
     try:
         node = s.node("big")
-        seen: list[bool] = []
-        real_open = s.engine.open
-
-        def recording_open(path, flags=os.O_RDONLY, expect=None, cached=False, *args, **kwargs):
-            seen.append(cached)
-            return real_open(path, flags, expect, cached, *args, **kwargs)
-
-        s.engine.open = recording_open  # type: ignore[method-assign]
+        seen = cached_hints(s)
         err, first, _ = s.open(node)
         assert err == 0
         err, second, _ = s.open(node)  # the first still open, nothing read through it
@@ -357,23 +372,14 @@ def test_an_open_after_the_kernel_evicted_the_nodes_inode_is_not_taken_for_cache
         node = s.node("big")
         held = s.ops.nodes.get(node)
         assert held is not None
-        seen: list[bool] = []
-        real_open = s.engine.open
-
-        def recording_open(path, flags=os.O_RDONLY, expect=None, cached=False, *args, **kwargs):
-            seen.append(cached)
-            return real_open(path, flags, expect, cached, *args, **kwargs)
+        seen = cached_hints(s)
 
         def evict() -> None:
             """The kernel evicts the node's inode; a lookup made a new one first (one count left)."""
             assert s.node("big") == node  # the new inode's lookup: the same version, the same node id
             s.fk.send(Op.FORGET, abi.FORGET_IN.pack(held.nlookup - 1), node)  # (FORGET has no reply)
-            deadline = time.monotonic() + 5
-            while held.nlookup != 1 and time.monotonic() < deadline:
-                time.sleep(0.001)
-            assert held.nlookup == 1
+            wait_until(lambda: held.nlookup == 1)
 
-        s.engine.open = recording_open  # type: ignore[method-assign]
         err, fh, _ = s.open(node)
         assert err == 0
         s.release(node, fh)
@@ -489,14 +495,7 @@ def test_an_open_while_a_forget_read_is_still_handled_is_not_taken_for_cached_pa
     try:
         node = s.node("big")
         other = s.node("other")
-        seen: list[bool] = []
-        real_open = s.engine.open
-
-        def recording_open(path, flags=os.O_RDONLY, expect=None, cached=False, *args, **kwargs):
-            seen.append(cached)
-            return real_open(path, flags, expect, cached, *args, **kwargs)
-
-        s.engine.open = recording_open  # type: ignore[method-assign]
+        seen = cached_hints(s)
         err, fh, _ = s.open(node)
         assert err == 0
         s.release(node, fh)
@@ -519,9 +518,7 @@ def test_an_open_while_a_forget_read_is_still_handled_is_not_taken_for_cached_pa
         assert err == 0
         s.release(node, fh)
         go_on.set()
-        deadline = time.monotonic() + 5
-        while s.ops.nodes.forgets != 1 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_until(lambda: s.ops.nodes.forgets == 1)
         s.session.run_late()
         err, fh, _ = s.open(node)  # no FORGET under way: the kernel's pages count again
         assert err == 0
