@@ -329,6 +329,10 @@ class ReadaheadConfig:
     """Distinct files opened in one directory, in a short span, that start a small-file scan."""
     scan_max_files: int = 100_000
     """Most files one scan plans (bounds the plan's memory on huge directories)."""
+    local_scans: bool = False
+    """Small-file scans on a local source whose small reads are fast too (off: each open there reads
+    its small file itself and hands it to the kernel, cheaper than a scan's fetch on another thread;
+    a local source found slow, such as a cold disk, is scanned either way)."""
     walk_ahead: int = 1
     """Sibling directories a walk is scanned ahead by: when the reader goes from one directory into
     the next of the same parent (os.walk, rsync, a backup or indexing pass), the small files of the

@@ -317,6 +317,7 @@ class Daemon:
             )
             assert self.engine is not None  # (_start_engine ran first)
             self.engine.inline_reads = True  # the watchdog bounds a read that hangs on its own thread
+            self.engine.opens_hand_over = True  # served opens hand small files to the kernel (ops.open)
             self.ops.session = self.session
             self.ops.attach_direct(self.session.direct)
             try:

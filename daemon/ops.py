@@ -335,7 +335,13 @@ class KernelOps:
         if not kernel_pages and self.session is not None and opened.st is not None:  # (decide: never
             # for a node opened before; the hot re-open skips gathering the facts)
             facts = handover.OpenFacts(
-                route, opened.st.st_size, self.engine.ram_head(fh), node.kernel_size, kernel_pages, rebound
+                route,
+                opened.st.st_size,
+                self.engine.ram_head(fh),
+                node.kernel_size,
+                kernel_pages,
+                rebound,
+                fast_local=self.engine.fast_local(),
             )
             plan = handover.decide(facts)
             if plan is not None:
@@ -349,6 +355,11 @@ class KernelOps:
         never opened has no page a reader could hold locked (two first opens at once may both
         store: the same bytes)."""
         assert self.session is not None
+        if plan.from_source:
+            data = self.engine.read_at_open(fh, plan.length)
+            if data is not None and self.session.store(node.nodeid, plan.offset, data) == 0:
+                self.engine.handed_from_source(fh, len(data))
+            return
         parts = self.engine.handover_parts(fh, plan.length)
         if parts is None:
             return  # evicted since the decision: the reads come as READs

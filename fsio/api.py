@@ -38,6 +38,9 @@ class EngineAPI(Protocol):
     (passthrough). The daemon never clears it: a refused backing file is reported with :meth:`refused`."""
     inline_reads: bool
     """Set by the daemon: a watchdog bounds every request, so small exact reads may run on the caller's thread."""
+    opens_hand_over: bool
+    """Set by the daemon: its served opens hand small files to the kernel, reading those of a fast local
+    source themselves (fastfs.fsio.handover), so no scans are wanted there."""
     direct_tallies: Callable[[], list[tuple[int, DirectTally]]] | None
     """Set by the daemon when its request loop answers reads itself: what it served, taken before a snapshot."""
 
@@ -112,6 +115,12 @@ class EngineAPI(Protocol):
     def handover_parts(self, fh: int, length: int) -> ReplyParts | None: ...
 
     def handed_over(self, fh: int, parts: ReplyParts) -> None: ...
+
+    def fast_local(self) -> bool: ...
+
+    def read_at_open(self, fh: int, length: int) -> memoryview | None: ...
+
+    def handed_from_source(self, fh: int, n: int) -> None: ...
 
     def abandoned_read(self, fh: int) -> None: ...
 

@@ -221,6 +221,16 @@ class Engine:
         self.fills.inline_reads = value
 
     @property
+    def opens_hand_over(self) -> bool:
+        """Set by the daemon when its served opens hand small files to the kernel, reading those of a
+        fast local source themselves (:mod:`fastfs.fsio.handover`): scans are then not wanted there."""
+        return self.scanner.opens_read
+
+    @opens_hand_over.setter
+    def opens_hand_over(self, value: bool) -> None:
+        self.scanner.opens_read = value
+
+    @property
     def passthrough_available(self) -> bool:
         """Set by the daemon when the kernel connection can pass opens through; reads False once the
         kernel refused a backing file (the opener's own record, see :meth:`refused`)."""
@@ -425,6 +435,23 @@ class Engine:
         kernel took them, and :meth:`release_parts` either way."""
         entry = self.handles.get(fh)
         return None if entry is None else self.reads.handover_parts(entry, length)
+
+    def fast_local(self) -> bool:
+        """The source is local and its small reads fast: an open may read a small file itself and hand
+        it to the kernel (a fact of the handover at open, :mod:`fastfs.fsio.handover`)."""
+        return self.source.local and not self.fills.speed.slow
+
+    def read_at_open(self, fh: int, length: int) -> memoryview | None:
+        """The first *length* bytes of open *fh*'s version, read from its source file now, for an inline
+        handover (None: not at hand; the reads come as READs); then :meth:`handed_from_source`."""
+        entry = self.handles.get(fh)
+        return None if entry is None else self.reads.read_at_open(entry, length)
+
+    def handed_from_source(self, fh: int, n: int) -> None:
+        """The kernel took the *n* bytes :meth:`read_at_open` gave (counted as handed over)."""
+        entry = self.handles.get(fh)
+        if entry is not None:
+            self.reads.handed_from_source(entry, n)
 
     def handed_over(self, fh: int, parts: ReplyParts) -> None:
         """The kernel took *parts* (from :meth:`handover_parts`) into its page cache: counted

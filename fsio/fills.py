@@ -63,6 +63,7 @@ from fastfs.fsio.cache import READY, Block, BlockCache, BlockFill, round_up
 from fastfs.fsio.disk.index import Key as DiskKey
 from fastfs.fsio.disk.tier import DiskFill, DiskTier
 from fastfs.fsio.entry import FileEntry, SourceStream
+from fastfs.fsio.handover import ReadSpeed
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.shape import PARALLEL, PROBE_DUE, Shaper, SourceFacts
 from fastfs.fsio.source import DIRECT_ALIGN, SourceFile
@@ -139,6 +140,7 @@ class Fills:
         self.shaper = shaper or Shaper(SourceFacts(), PARALLEL)  # the mount's access shape (fixed setting)
         self.jump_probe = jump_probe  # (path, size) -> (continue, jump) seconds on one fresh handle
         self.closed = False  # set once by close: stream runners stop and fail what is still queued
+        self.speed = ReadSpeed()  # latency of the source's small reads (fsio.handover; a hint, no lock)
 
     def reconfigure(self, read_timeout: float) -> None:
         self.read_timeout = read_timeout
@@ -159,7 +161,9 @@ class Fills:
         except OSError as e:
             self.stats.error(errno.errorcode.get(e.errno or errno.EIO, "EIO"))
             raise OSError(e.errno or errno.EIO, e.strerror, path) from None
-        self.stats.pread(time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self.stats.pread(seconds)
+        self.speed.note(seconds, len(view))
         return n
 
     # -- block fills ------------------------------------------------------------------------------

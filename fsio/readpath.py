@@ -470,6 +470,33 @@ class ReadPath:
         self.account_file(entry, n, 0)
         return n
 
+    def read_at_open(self, entry: FileEntry, length: int) -> memoryview | None:
+        """The first *length* bytes of *entry*'s version read now from the source file its handles hold
+        (an inline handover, :mod:`fastfs.fsio.handover`; timed into the source's read speed), or None:
+        no source file held (an open answered from metadata), an error, or not exactly *length* bytes
+        (the file changed since its stat; the READs then find out)."""
+        file = entry.source.file
+        if file is None or file.fd < 0:
+            return None
+        view = memoryview(bytearray(length))
+        try:
+            n = self.fills.timed_pread(file, 0, view, entry.path)
+        except OSError:
+            return None
+        if n != length:
+            return None
+        self.stats.add(m.BYTES_FETCHED_DEMAND, n)
+        return view
+
+    def handed_from_source(self, entry: FileEntry, n: int) -> None:
+        """The kernel took *n* bytes :meth:`read_at_open` read: counted as an open handed over and as
+        bytes delivered to the application, read from the source (none from RAM)."""
+        stats = self.stats
+        stats.add(m.OPENS_HANDED)
+        stats.add(m.BYTES_HANDED, n)
+        stats.add(m.BYTES_REQUESTED, n)
+        self.account_file(entry, n, n)
+
     # -- step 7: per-file counts ------------------------------------------------------------------
     def account_file(self, entry: FileEntry, delivered: int, direct: int, flush: bool = False) -> None:
         """Per-file bytes for the top-files table, summed per entry (its own lock) and handed to the

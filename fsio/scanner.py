@@ -68,6 +68,7 @@ from fastfs.fsio.cache import BlockCache, round_up
 from fastfs.fsio.dirs import Dirent, DirListings, parent_of
 from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.fills import Fills
+from fastfs.fsio.handover import scans_wanted
 from fastfs.fsio.latch import Latch
 from fastfs.fsio.policy import ScanPolicy, Siblings
 from fastfs.fsio.pool import PreadPool
@@ -175,6 +176,9 @@ class Scanner:
         self.trace = trace
         self.learn = learn  # the learned access sets (fastfs.fsio.learn.AccessLog) or None
         self.closed = False  # set once by close; fetches queued then do nothing
+        # set once at mount: the daemon's opens read a fast local source's small files themselves
+        # (fsio.handover), so opens there start and feed no scans (:func:`scans_wanted`)
+        self.opens_read = False
         self._dirs: OrderedDict[str, DirScan] = OrderedDict()  # guarded by _dirs_lock
         self._dirs_lock = threading.Lock()
         self._meta: OrderedDict[str, MetaEntry] = OrderedDict()  # guarded by _meta_lock
@@ -373,6 +377,8 @@ class Scanner:
 
     def on_open(self, path: str, size: int) -> None:
         """Scan bookkeeping of one open of *path* (*size* bytes): may start or feed a scan."""
+        if self.opens_read and not scans_wanted(self.source.local, self.fills.speed.slow, self.readahead.local_scans):
+            return  # (a fast local source: each open reads its small file itself)
         parts = split(path)
         if not parts or self.scan_max() <= 0:
             return  # (small_file_max 0: no file is small; a scan would only open each to find it too large)

@@ -36,8 +36,9 @@ STOP_TIMEOUT = 20.0
 # Seconds between polls while waiting for a mount to come up.
 POLL = 0.05
 # Mount option for tests of the engine's read path over a local (tmpfs) source, which the default
-# route (fuse.passthrough=auto) would hand to the kernel instead.
-SERVED = "fuse.passthrough=off"
+# route (fuse.passthrough=auto) would hand to the kernel instead; with the small-file scans a source
+# that is not local gets (a fast local source gets none by default: its opens read the files).
+SERVED = "fuse.passthrough=off,readahead.local_scans=true"
 
 
 _STATE_DIR: list[str] = []

@@ -145,3 +145,45 @@ def test_a_name_replaced_after_its_lookup_rebinds_without_a_handover(src: Path, 
             assert read_fd(path) == (new, len(new))
             assert read_fd(path) == (new, len(new))
             assert os.stat(path).st_size == len(new)
+
+
+def test_a_fast_local_source_hands_each_file_over_at_its_open_without_a_scan(src: Path, mnt: Path) -> None:
+    """The default on a local source that answers small reads from memory (tmpfs here) when files are
+    served: no scan; each open reads its small file from the source itself and hands it to the kernel,
+    so no READ reaches the daemon. Failed before: the first opens' reads came as READs and a scan
+    fetched the rest on the pool's threads (its fetches cost the daemon more than the opens)."""
+    files = make_files(src)
+    with mounted(src, mnt, options=["fuse.passthrough=off", f"fuse.attr_timeout={TRUST}"]) as m:
+        before = requests(m)
+        for name in sorted(files):
+            assert read_fd(mnt / "d" / name) == (files[name], len(files[name]))
+        after, c = requests(m), counters(m)
+        assert after.get("read", 0) == before.get("read", 0), (before, after)
+        assert c["opens_handed"] == len(files)
+        assert c["bytes_handed"] == sum(len(v) for v in files.values())
+        assert c["small_file_scans"] == 0 and c["small_file_scan_files"] == 0
+        # the second pass: the kernel's pages, no READ and no second handover
+        for name in sorted(files):
+            assert read_fd(mnt / "d" / name) == (files[name], len(files[name]))
+        assert requests(m).get("read", 0) == before.get("read", 0)
+        assert counters(m)["opens_handed"] == len(files)
+        # a name replaced (another size): the open after the kernel's attributes expired reads the new
+        # version at the open, and hands it over whole
+        name = sorted(files)[5]
+        new = version_bytes(700, len(files[name]) + PAGE + 3)
+        tmp = src / "d" / (name + ".tmp")
+        tmp.write_bytes(new)
+        os.replace(tmp, src / "d" / name)
+        time.sleep(PAST)
+        assert read_fd(mnt / "d" / name) == (new, len(new))
+        assert counters(m)["opens_handed"] == len(files) + 1
+
+
+def test_local_scans_on_scans_a_fast_local_source(src: Path, mnt: Path) -> None:
+    """``readahead.local_scans`` brings the scans back on such a source (what the other tests here use)."""
+    files = make_files(src)
+    with mounted(src, mnt, options=["fuse.passthrough=off", "readahead.local_scans=true"]) as m:
+        scanned(src, mnt, m, files)
+        assert counters(m)["small_file_scans"] >= 1
+        for name in sorted(files):
+            assert read_fd(mnt / "d" / name) == (files[name], len(files[name]))

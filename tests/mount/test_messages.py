@@ -58,8 +58,8 @@ def test_config_file_errors_name_file_and_line(paths: tuple[Path, Path], tmp_pat
     config.write_text("cache:\n  budget: 1G\n\nreadahead:\n  max_windw: 8M\n")
     assert _error(run_cli("mount", src, mnt, "--config", config)) == (
         f"{config}:5: readahead.max_windw: unknown key; did you mean max_window? (known: enabled, formats, "
-        "initial_window, learn, max_window, read_timeout, scan_max_files, scan_trigger, small_file_max, "
-        "source_direct_io, source_shape, source_streams, walk_ahead)"
+        "initial_window, learn, local_scans, max_window, read_timeout, scan_max_files, scan_trigger, "
+        "small_file_max, source_direct_io, source_shape, source_streams, walk_ahead)"
     )
     config.write_text("fuse:\n  threads: 999\n")
     assert _error(run_cli("mount", src, mnt, "--config", config)) == (
