@@ -25,6 +25,13 @@ that confirmed it (``verified_at``) when recent enough, else one re-check (the s
 refresher's, shared by every open of the directory in the period). A file rewritten in place does
 not change its directory: that gap is ``fuse.trust_unchanged_dirs``'s trade (config/schema.py).
 
+Sources whose directory times do not move when their entries change (object-store clients:
+:func:`~fastfs.fsio.shape.dir_times_kept`, ``times_kept`` False) cannot be checked by a stat: there a
+listing is handed out again for ``bound`` seconds (``fuse.revalidate``, the close-to-open bound) after
+it was made and is made anew after that, the refresher's check lists the directory anew every time,
+and no basis is ever verified (opens then check the file itself). Before this, a file made on the
+server of an rclone mount never showed in a listing through fastfs: the directory's times stayed.
+
 Each new listing is told to the listeners as a :class:`~fastfs.fsio.changes.DirChange` (the names
 now, the names the previous listing had that are gone): the engine drops the metadata it keeps of
 vanished names, the daemon tells the kernel to drop the names it holds that vanished and the failed
@@ -112,8 +119,12 @@ class DirListings:
         wall_ns: Callable[[], int] = time.time_ns,
         max_dirs: int = MAX_DIRS,
         max_entries: int = MAX_ENTRIES,
+        times_kept: bool = True,
+        bound: float = 1.0,
     ) -> None:
         self.source = source
+        self.times_kept = times_kept  # the source's directory times move with their entries (module docstring)
+        self.bound = bound  # seconds a listing is handed out again where they do not
         self.clock = clock
         self.wall_ns = wall_ns
         self.max_dirs = max_dirs
@@ -148,10 +159,17 @@ class DirListings:
         state = self._dirs.get(path)
         if state is not None:
             state.used_at = now
+        listed = state.listed if state is not None else None
+        if not self.times_kept and state is not None and listed is not None and now - state.checked_at <= self.bound:
+            return listed.entries  # (made within the bound: no stat could tell more)
         stamp = self.wall_ns()  # before the stat: a change after it is either seen by it or racy
         st = self.source.lstat(path)
-        listed = state.listed if state is not None else None
-        if state is not None and listed is not None and listing_valid(listed.key, listed.listed_ns, st):
+        if (
+            state is not None
+            and listed is not None
+            and self.times_kept
+            and listing_valid(listed.key, listed.listed_ns, st)
+        ):
             state.checked_at = state.verified_at = now
             return listed.entries
         return self._relist(path, st, stamp, now, now)
@@ -171,7 +189,9 @@ class DirListings:
             if state is not None:
                 listed = state.listed
                 basis = (listed.key, listed.listed_ns) if listed is not None else state.seen
-            if basis is None and listing_valid(dir_key(st), stamp, st):
+            if not self.times_kept:
+                basis = None  # (the directory's times tell nothing: it is listed)
+            elif basis is None and listing_valid(dir_key(st), stamp, st):
                 basis = (dir_key(st), stamp)  # a first check outside the tick of a change: trusted
             if basis is not None and listing_valid(basis[0], basis[1], st):
                 with self._lock:
@@ -206,7 +226,10 @@ class DirListings:
     def verified(self, path: str, within: float) -> tuple[tuple[int, int, int, int], int] | None:
         """The basis of directory *path* as confirmed by a stat at most *within* seconds ago: the last
         one when recent enough, else one re-check now (:meth:`check`, which lists it anew when it
-        changed). None when it could not be checked (gone, an error)."""
+        changed). None when it could not be checked (gone, an error), and always on a source whose
+        directory times are not kept."""
+        if not self.times_kept:
+            return None
         now = self.clock()
         state = self._dirs.get(path)
         if state is None or now - state.verified_at > within:

@@ -95,7 +95,7 @@ from fastfs.fsio.probe import FormatProbe
 from fastfs.fsio.readpath import DirectOffer, DirectTally, ReadPath, ReplyParts
 from fastfs.fsio.refresh import MIN_FILE_PERIOD, Refresher
 from fastfs.fsio.scanner import Scanner
-from fastfs.fsio.shape import Shaper, SourceFacts
+from fastfs.fsio.shape import Shaper, SourceFacts, dir_times_kept
 from fastfs.fsio.source import FileKey, Source, SourceFile, jump_probe, stat_key
 from fastfs.fsio.trace import DecisionLog
 
@@ -183,7 +183,12 @@ class Engine:
         self.probe = FormatProbe(
             self.cache, self.pool, self.stats, self.disk, self.fills, self.block_size, ra, self.trace, self.learn,
         )  # fmt: skip
-        self.dirs = DirListings(self.source, self.clock)
+        # (object-store clients keep no directory times: their listings are made anew after the bound)
+        kept = dir_times_kept(self.source.mount_type)
+        self.dirs = DirListings(self.source, self.clock, times_kept=kept, bound=self.config.fuse.revalidate_bound)
+        if not kept:
+            log.debug("source %s: directory times do not move with their entries: listings last %g s",
+                      self.source.root, self.config.fuse.revalidate_bound)  # fmt: skip
         self.scanner = Scanner(
             self.source, self.cache, self.pool, self.stats, self.disk, self.fills, self.handles.versions, ra,
             self.config.fuse, self.trace, self.learn, self.clock, self.dirs,
@@ -614,6 +619,7 @@ class Engine:
         snap = self.stats.snapshot(top)
         snap["counters"].update(disk_counters)
         snap["source"] = self.shaper.report()
+        snap["source"]["dir_times_kept"] = self.dirs.times_kept  # (False: listings last fuse.revalidate)
         return snap
 
     def reconfigure(self, config: Config) -> list[str]:

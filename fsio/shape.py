@@ -71,6 +71,13 @@ SHAPES = (AUTO, PARALLEL, SEQUENTIAL)
 STREAM_CLIENTS = frozenset(
     {"rclone", "s3fs", "goofys", "gcsfuse", "blobfuse", "blobfuse2", "mountpoint-s3", "mount-s3", "s3backer"}
 )
+# FUSE subtypes of object-store clients, whose directories are made up from the store's key prefixes:
+# their times do not move when entries are made, removed or replaced (measured: over rclone mount of
+# rclone serve webdav, a file made on the server showed in the mount's listing, the directory's mtime
+# and ctime unchanged). Listings and verified directories cannot rest on them (dir_times_kept).
+SYNTHETIC_DIR_CLIENTS = frozenset(
+    {"rclone", "s3fs", "goofys", "gcsfuse", "blobfuse", "blobfuse2", "mountpoint-s3", "mount-s3"}
+)
 # FUSE subtypes of clients whose protocol reads by offset (SFTP, Ceph, Gluster, JuiceFS's chunks): any
 # handle reads any offset, so they are read in parallel without a probe. A probe runs next to the
 # loader whose open started it, and on a busy link it can take the loader's queue for a restart:
@@ -142,6 +149,13 @@ def client_of(mount_type: str) -> str:
     """The FUSE client a mount type names ("fuse.rclone" -> "rclone"; "" for kernel filesystems)."""
     kind, _, sub = mount_type.partition(".")
     return sub if kind in ("fuse", "fuseblk") and sub else ""
+
+
+def dir_times_kept(mount_type: str) -> bool:
+    """Whether the source's directory times move when the directory's entries change, so that a stat
+    of a directory tells whether its listing still holds (:mod:`fastfs.fsio.dirs`): every filesystem
+    but the object-store clients (:data:`SYNTHETIC_DIR_CLIENTS`)."""
+    return client_of(mount_type) not in SYNTHETIC_DIR_CLIENTS
 
 
 def is_fuse(mount_type: str) -> bool:

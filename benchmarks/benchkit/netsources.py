@@ -27,8 +27,10 @@ its memory), counted by a :mod:`.delayline` always in front of it (delay 0 unles
 delay (``delay=MS``) every client reaches its server through a delay line, whose counters are added.
 
 Spec strings (``--storage``): ``rclone``, ``sshfs``, ``s3fs``, each optionally ``:delay=MS``
-(one-way delay in ms, so a round trip costs 2 x MS more) and ``keep=1`` (do not remount the client
-before each cold run).
+(one-way delay in ms, so a round trip costs 2 x MS more), ``keep=1`` (do not remount the client
+before each cold run) and, for rclone, ``dircache=S`` (``--dir-cache-time`` of its mount and of
+``rclone serve``, whose own VFS lists directories too; default 5 min, in which files made on the
+server meanwhile stay unseen: soaks of a changing source set 1).
 """
 
 from __future__ import annotations
@@ -250,6 +252,8 @@ class NetOptions:
     """One-way delay between client and server (ms; 0: none, no proxy)."""
     keep_client: bool = False
     """Keep the client mounted across cold runs (default: remounted, so its own caches start cold)."""
+    dir_cache_s: float | None = None
+    """rclone's ``--dir-cache-time`` in seconds, of its mount and its server (None: its default)."""
     subtype: str = ""
     """The client's FUSE subtype (its mount type becomes fuse.SUBTYPE; libfuse clients, sshfs and s3fs,
     only): fastfs then knows nothing of the client and must find its shape by probing."""
@@ -266,6 +270,10 @@ class NetOptions:
                         raise ValueError
                 elif key == "keep" and sep:
                     out.keep_client = value not in ("0", "no", "false")
+                elif key == "dircache" and sep:
+                    out.dir_cache_s = float(value)
+                    if out.dir_cache_s < 0:
+                        raise ValueError
                 elif key == "subtype" and sep:
                     if not re.fullmatch(r"[A-Za-z0-9_.-]+", value):
                         raise ValueError
@@ -274,7 +282,7 @@ class NetOptions:
                     raise KeyError
             except KeyError:
                 raise ValueError(
-                    f"bad network source option {item!r}: use delay=MS, keep=0|1 or subtype=NAME"
+                    f"bad network source option {item!r}: use delay=MS, keep=0|1, dircache=S or subtype=NAME"
                 ) from None
             except ValueError:
                 raise ValueError(f"bad value in network source option {item!r}") from None
@@ -282,7 +290,8 @@ class NetOptions:
 
     def describe(self) -> str:
         where = f", {self.delay_ms:g} ms one-way delay" if self.delay_ms else ", loopback (no added delay)"
-        return where + (f", mounted as fuse.{self.subtype}" if self.subtype else "")
+        cache = f", directory cache {self.dir_cache_s:g} s" if self.dir_cache_s is not None else ""
+        return where + cache + (f", mounted as fuse.{self.subtype}" if self.subtype else "")
 
     def client_options(self) -> list[str]:
         """Extra ``-o`` options of a libfuse client's mount command."""
@@ -431,6 +440,8 @@ def rclone_source(data_dir: str, mnt: str, options: NetOptions | None = None) ->
                 "INFO",
                 "--log-file",
                 serve_log,
+                # (the server's own VFS lists directories for its cache time as well)
+                *(["--dir-cache-time", f"{options.dir_cache_s:g}s"] if options.dir_cache_s is not None else []),
             ],
             os.path.join(work, "rclone-serve.out"),
         )
@@ -447,6 +458,8 @@ def rclone_source(data_dir: str, mnt: str, options: NetOptions | None = None) ->
 
                 def mount() -> subprocess.Popen:
                     cmd = [*base, "mount", "src:", mnt, "--vfs-cache-mode", "off", "--read-only"]
+                    if options.dir_cache_s is not None:
+                        cmd += ["--dir-cache-time", f"{options.dir_cache_s:g}s"]
                     return _spawn([*cmd, "--log-file", client_log], client_log)
 
                 src = NetSource(
@@ -508,6 +521,8 @@ def sshfs_source(data_dir: str, mnt: str, options: NetOptions | None = None) -> 
     import getpass
 
     options = options or NetOptions()
+    if options.dir_cache_s is not None:
+        raise ValueError("dircache= is an option of rclone's mount only")
     require_tools("sshfs", ["sshfs", "ssh", "ssh-keygen", "unshare", SSHD, SFTP_SERVER])
     user = getpass.getuser()
     with _workdir("sshfs", None) as work:
@@ -621,6 +636,8 @@ def s3fs_source(
     they live in RAM like the emulator's data; default: the system's temporary directory.
     """
     options = options or NetOptions()
+    if options.dir_cache_s is not None:
+        raise ValueError("dircache= is an option of rclone's mount only")
     require_tools("s3fs", ["s3fs"])
     try:
         import boto3  # noqa: F401

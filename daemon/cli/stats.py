@@ -82,6 +82,11 @@ def _source_line(source: dict[str, Any] | None) -> list[str]:
     return [
         f"  source shape       {source.get('shape', '?')} ({source.get('reason', '?')});"
         f" mount type {source.get('mount_type') or 'unknown'}, jump probe {probe}"
+        + (
+            "; directory times not kept: listings made anew after fuse.revalidate"
+            if source.get("dir_times_kept") is False
+            else ""
+        )
     ]
 
 

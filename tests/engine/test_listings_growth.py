@@ -391,3 +391,56 @@ def test_an_open_file_is_first_checked_for_growth_a_period_after_its_open(tmp_pa
         for fh in fhs:
             engine.release(fh)
         engine.close()
+
+
+class FrozenDirSource(CountingSource):
+    """An object-store client's directories: a directory's stat never changes (its first one stays)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.frozen: dict[str, os.stat_result] = {}
+
+    def lstat(self, path: str) -> os.stat_result:
+        st = super().lstat(path)
+        if not os.path.isdir(self.root + path):
+            return st
+        return self.frozen.setdefault(path, st)
+
+
+def test_a_source_without_directory_times_is_listed_anew_after_the_bound(tree: Path) -> None:
+    """Failed before (fastfs over rclone): a file made at the source never showed in a listing, since
+    the directory's times did not move and each listing was validated by them."""
+    source, clocks = FrozenDirSource(str(tree)), Clocks()
+    dirs = DirListings(source, clocks.mono, clocks.wall_ns, times_kept=False, bound=1.0)
+    seen: list[DirChange] = []
+    dirs.listeners.append(seen.append)
+    try:
+        first = dirs.listing("/d")
+        assert names(first) == {"a", "b", "c"}
+        (tree / "d" / "new").write_bytes(b"n")
+        os.unlink(tree / "d" / "a")
+        clocks.now += 0.5
+        assert dirs.listing("/d") is first  # within the bound: handed out again, no source request
+        assert (source.lstats, source.scandirs) == (1, 1)
+        clocks.now += 0.6
+        assert names(dirs.listing("/d")) == {"b", "c", "new"}  # past it: listed anew
+        assert seen[-1] == DirChange("/d", frozenset({"b", "c", "new"}), ("a",))
+        assert dirs.verified("/d", 10.0) is None  # no basis is verified by times that do not move
+        (tree / "d" / "x").write_bytes(b"")
+        assert dirs.check("/d") and names(dirs.kept("/d") or []) == {"b", "c", "new", "x"}  # the refresher lists
+    finally:
+        source.close()
+
+
+def test_the_same_source_with_times_kept_is_not_listed_anew(tree: Path) -> None:
+    """The control: with its times taken as kept, the frozen directory's listing is never made again
+    (the gap the test above closes)."""
+    source, clocks = FrozenDirSource(str(tree)), Clocks()
+    dirs = DirListings(source, clocks.mono, clocks.wall_ns)
+    try:
+        dirs.listing("/d")
+        (tree / "d" / "new").write_bytes(b"n")
+        clocks.now += 5.0
+        assert "new" not in names(dirs.listing("/d"))
+    finally:
+        source.close()

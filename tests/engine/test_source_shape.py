@@ -208,6 +208,7 @@ def test_mount_table_line_decides_the_engines_shape(tmp_path, monkeypatch, mount
     assert section["mount_type"] == mount_type and section["local"] is False
     assert (section["shape"], section["reason"], section["setting"]) == (kind, reason, setting)
     assert section["probe"] == shape.PROBE_NONE
+    assert section["dir_times_kept"] is (mount_type != "fuse.rclone")  # (rclone's directories keep no times)
 
 
 def _probed_tree(tmp_path: Path, monkeypatch, bigs: int) -> Path:
@@ -490,7 +491,7 @@ def test_source_section_in_stats_summary_and_metrics(tmp_path: Path, monkeypatch
     line = next(line for line in format_summary(snap).splitlines() if "source shape" in line)
     assert line == (
         "  source shape       sequential (rclone serves a handle as one ranged download);"
-        " mount type fuse.rclone, jump probe none"
+        " mount type fuse.rclone, jump probe none; directory times not kept: listings made anew after fuse.revalidate"
     )
     families = {f.name: f for f in SnapshotCollector(lambda: snap, "/mnt/x").families(snap)}
     (sample,) = families["fastfs_source_info"].samples

@@ -55,6 +55,23 @@ def test_client_of(mount_type, client):
     assert shape.client_of(mount_type) == client
 
 
+@pytest.mark.parametrize(
+    ("mount_type", "kept"),
+    [
+        ("fuse.rclone", False),  # object-store clients: directories made up from key prefixes
+        ("fuse.s3fs", False),
+        ("fuse.gcsfuse", False),
+        ("fuse.sshfs", True),  # SFTP gives the server's directory times
+        ("nfs4", True),
+        ("ext4", True),
+        ("fuse", True),  # an unknown FUSE source: taken at its word
+        ("", True),
+    ],
+)
+def test_dir_times_kept(mount_type: str, kept: bool) -> None:
+    assert shape.dir_times_kept(mount_type) is kept
+
+
 # -- the mount table: which mount holds the source ----------------------------------------------------
 MOUNTINFO = """\
 22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
