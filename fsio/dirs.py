@@ -28,8 +28,9 @@ not change its directory: that gap is ``fuse.trust_unchanged_dirs``'s trade (con
 Sources whose directory times do not move when their entries change (object-store clients:
 :func:`~fastfs.fsio.shape.dir_times_kept`, ``times_kept`` False) cannot be checked by a stat: there a
 listing is handed out again for ``bound`` seconds (``fuse.revalidate``, the close-to-open bound) after
-it was made and is made anew after that, the refresher's check lists the directory anew every time,
-and no basis is ever verified (opens then check the file itself). Before this, a file made on the
+it was made and is made anew after that; the refresher checks nothing there (a stat tells nothing,
+and a listing of every directory in use each period would ask the source for more than its readers
+do), and no basis is ever verified (opens then check the file itself). Before this, a file made on the
 server of an rclone mount never showed in a listing through fastfs: the directory's times stayed.
 
 Each new listing is told to the listeners as a :class:`~fastfs.fsio.changes.DirChange` (the names
@@ -179,7 +180,12 @@ class DirListings:
         listeners) when it changed since its last listing or since the stat that was its first check
         (that first check lists nothing unless the directory changed within the racy tick before it:
         the names the kernel holds were looked up at most a period before). True when it was listed
-        anew. A directory that is gone is forgotten."""
+        anew. A directory that is gone is forgotten. On a source whose directory times are not kept
+        nothing is checked: a stat tells nothing there, and listing every directory in use at every
+        period would ask the source for far more than its readers do (its listings are made anew on
+        demand, past the bound)."""
+        if not self.times_kept:
+            return False
         now = self.clock()
         state = self._dirs.get(path)
         try:
