@@ -74,7 +74,9 @@ STREAM_CLIENTS = frozenset(
 # FUSE subtypes of object-store clients, whose directories are made up from the store's key prefixes:
 # their times do not move when entries are made, removed or replaced (measured: over rclone mount of
 # rclone serve webdav, a file made on the server showed in the mount's listing, the directory's mtime
-# and ctime unchanged). Listings and verified directories cannot rest on them (dir_times_kept).
+# and ctime unchanged; over s3fs on a moto server, an object put under a prefix showed in the
+# listing while the directory's times stayed at the epoch). Listings and verified directories cannot
+# rest on them (dir_times_kept); the other clients are named for their design (directories made up).
 SYNTHETIC_DIR_CLIENTS = frozenset(
     {"rclone", "s3fs", "goofys", "gcsfuse", "blobfuse", "blobfuse2", "mountpoint-s3", "mount-s3"}
 )
