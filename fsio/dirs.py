@@ -195,9 +195,7 @@ class DirListings:
             if state is not None:
                 listed = state.listed
                 basis = (listed.key, listed.listed_ns) if listed is not None else state.seen
-            if not self.times_kept:
-                basis = None  # (the directory's times tell nothing: it is listed)
-            elif basis is None and listing_valid(dir_key(st), stamp, st):
+            if basis is None and listing_valid(dir_key(st), stamp, st):
                 basis = (dir_key(st), stamp)  # a first check outside the tick of a change: trusted
             if basis is not None and listing_valid(basis[0], basis[1], st):
                 with self._lock:

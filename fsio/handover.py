@@ -67,8 +67,8 @@ HANDOVER_MAX = 1024 * 1024
 # Largest file read from a fast local source at its open and handed over (class-folder images of
 # 100-200 KiB fit): a pread of that from a page cache costs tens of microseconds, a READ's own.
 INLINE_MAX = 256 * 1024
-# Mean seconds of a small source read above which a local source counts as slow (a cold disk, not its
-# page cache, which answers in a few microseconds; a cold NVMe read takes about 80 us).
+# Seconds above which a small source read counts as slow (a cold disk's, not its page cache's, which
+# answers in a few microseconds; a cold NVMe read takes about 80 us).
 LOCAL_SLOW_READ = 50e-6
 # Share of slow small reads above which a source is slow (most of them: a cold disk, not a few
 # reads timed across a wait for the interpreter lock).
