@@ -168,6 +168,7 @@ class FileEntry:
         "opened_at",
         "disk_fd",
         "superseded",
+        "failed_blocks",
     )
 
     def __init__(
@@ -197,6 +198,12 @@ class FileEntry:
         # as a hint): the open was its close-to-open check, the refresher's first growth check is a period later
         self.superseded = False  # its path was opened in a newer version while this one had handles: its
         # blocks are freed at its last release, not before (set under the handle table's lock)
+        # block indexes whose fill from the source failed (fills.py): never filled again for this
+        # version, reads there go to the source exactly. Filled again for every read, over rclone a file
+        # replaced by a smaller one under a stale size cost each page the client's retries (about 0.3 s,
+        # the kernel asking page by page after the first failure): one read waited 41-53 s. (A set only
+        # added to, under the GIL: read without a lock, a hint.)
+        self.failed_blocks: set[int] = set()
         self.disk_fd = -1  # descriptor of the complete disk-tier file handed to the kernel as the backing
         # file of passthrough opens: set once per holding by the opener (Opener.disk_backing, under the
         # entry's lock, while the opening handle keeps the entry), taken by the handle table at the

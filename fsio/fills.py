@@ -174,8 +174,8 @@ class Fills:
         *warm*: asked for by a warm (counted apart from read-ahead's own guesses: not ``prefetched``)."""
         start = index * self.block_size
         length = min(self.block_size, entry.size - start)
-        if length <= 0:
-            return None
+        if length <= 0 or index in entry.failed_blocks:
+            return None  # (a block whose fill failed: the reads go to the source exactly)
         block, created = self.cache.reserve(entry.key, index, length, prefetched=not demand and not warm)
         if block is None:
             if not demand:
@@ -371,6 +371,8 @@ class Fills:
             try:
                 n = min(fill.total(), length)
             except OSError as e:
+                if e.errno != errno.ETIMEDOUT:  # (an abandoned fill is the stuck reads' business)
+                    fill.entry.failed_blocks.add(block.start // self.block_size)
                 self.cache.fail(block, e.errno or errno.EIO)
                 return
             kind = m.BYTES_FETCHED_PREFETCH if block.prefetched else m.BYTES_FETCHED_WARM  # not prefetched: a warm's

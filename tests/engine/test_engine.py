@@ -1039,3 +1039,39 @@ def test_a_stuck_direct_read_makes_the_file_fail_fast_until_it_returns(data_dir,
         engine.release(r.fh)
     finally:
         engine.close()
+
+
+def test_a_block_whose_fill_failed_is_not_filled_again_for_every_read(tmp_path) -> None:
+    """A block's fill fails (over rclone: a file replaced by a smaller one under a stale size, each fill
+    failing after the client's retries) while exact reads of it work: the reads that follow go to the
+    source exactly, and the fill is not tried again. Failed before: every read (the kernel asks page by
+    page after a failed read-ahead) made a new fill of the block, one failure each (one read of the
+    file waited 41-53 s over rclone)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(3 * MIB)
+    (src / "f.bin").write_bytes(data)
+    engine = make_engine(src, tmp_path, **{"fuse.passthrough": "off", "readahead.formats": "false"})
+    fills = engine.fills
+    real = fills.timed_pread
+    failed: list[tuple[int, int]] = []
+
+    def failing(src_file, pos, view, path, *args, **kwargs):
+        if len(view) >= MIB:  # a block's fill (whole 1 MiB blocks); the exact reads below are 4 KiB
+            failed.append((pos, len(view)))
+            raise OSError(errno.EIO, "the source failed", path)
+        return real(src_file, pos, view, path, *args, **kwargs)
+
+    fills.timed_pread = failing
+    try:
+        fh = engine.open("/f.bin").fh
+        for offset in range(0, 64 * 1024, 4096):  # page by page through block 0
+            assert engine.read(fh, offset, 4096) == data[offset : offset + 4096]
+        assert engine.read(fh, MIB + 8192, 4096) == data[MIB + 8192 : MIB + 12288]  # block 1 too
+        engine.release(fh)
+    finally:
+        fills.timed_pread = real
+        engine.close()
+    starts = [p for p, _ in failed]
+    assert 0 in starts and MIB in starts, failed
+    assert len(starts) == len(set(starts)), failed  # one failed fill per block, never again
