@@ -161,16 +161,13 @@ class DirListings:
         if state is not None:
             state.used_at = now
         listed = state.listed if state is not None else None
-        if not self.times_kept and state is not None and listed is not None and now - state.checked_at <= self.bound:
-            return listed.entries  # (made within the bound: no stat could tell more)
+        if state is not None and listed is not None and not self.times_kept:  # (no stat tells more)
+            if now - state.checked_at <= self.bound:
+                return listed.entries
+            listed = None  # (past the bound: made anew)
         stamp = self.wall_ns()  # before the stat: a change after it is either seen by it or racy
         st = self.source.lstat(path)
-        if (
-            state is not None
-            and listed is not None
-            and self.times_kept
-            and listing_valid(listed.key, listed.listed_ns, st)
-        ):
+        if state is not None and listed is not None and listing_valid(listed.key, listed.listed_ns, st):
             state.checked_at = state.verified_at = now
             return listed.entries
         return self._relist(path, st, stamp, now, now)

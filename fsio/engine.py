@@ -229,11 +229,11 @@ class Engine:
     def opens_hand_over(self) -> bool:
         """Set by the daemon when its served opens hand small files to the kernel, reading those of a
         fast local source themselves (:mod:`fastfs.fsio.handover`): scans are then not wanted there."""
-        return self.scanner.opens_read
+        return self.scanner.opens_hand_over
 
     @opens_hand_over.setter
     def opens_hand_over(self, value: bool) -> None:
-        self.scanner.opens_read = value
+        self.scanner.opens_hand_over = value
 
     @property
     def passthrough_available(self) -> bool:

@@ -458,16 +458,13 @@ class ReadPath:
         copy), a prefetched block's bytes as used; the block becomes a drop-behind candidate."""
         n = sum(len(v) for v in parts.views)
         stats = self.stats
-        stats.add(m.OPENS_HANDED)
-        stats.add(m.BYTES_HANDED, n)
-        stats.add(m.BYTES_REQUESTED, n)
+        self._count_handed(entry, n, 0)
         stats.add(m.BYTES_SERVED_CACHE, n)
         for block in parts.blocks:
             if block.prefetched and not block.used:
                 stats.add(m.BYTES_PREFETCH_USED, block.length)
             block.used = True
             self.cache.consumed(block)
-        self.account_file(entry, n, 0)
         return n
 
     def read_at_open(self, entry: FileEntry, length: int) -> memoryview | None:
@@ -491,11 +488,15 @@ class ReadPath:
     def handed_from_source(self, entry: FileEntry, n: int) -> None:
         """The kernel took *n* bytes :meth:`read_at_open` read: counted as an open handed over and as
         bytes delivered to the application, read from the source (none from RAM)."""
+        self._count_handed(entry, n, n)
+
+    def _count_handed(self, entry: FileEntry, n: int, from_source: int) -> None:
+        """One open handed over, *n* bytes delivered (*from_source* of them read from the source)."""
         stats = self.stats
         stats.add(m.OPENS_HANDED)
         stats.add(m.BYTES_HANDED, n)
         stats.add(m.BYTES_REQUESTED, n)
-        self.account_file(entry, n, n)
+        self.account_file(entry, n, from_source)
 
     # -- step 7: per-file counts ------------------------------------------------------------------
     def account_file(self, entry: FileEntry, delivered: int, direct: int, flush: bool = False) -> None:

@@ -178,7 +178,7 @@ class Scanner:
         self.closed = False  # set once by close; fetches queued then do nothing
         # set once at mount: the daemon's opens read a fast local source's small files themselves
         # (fsio.handover), so opens there start and feed no scans (:func:`scans_wanted`)
-        self.opens_read = False
+        self.opens_hand_over = False
         self._dirs: OrderedDict[str, DirScan] = OrderedDict()  # guarded by _dirs_lock
         self._dirs_lock = threading.Lock()
         self._meta: OrderedDict[str, MetaEntry] = OrderedDict()  # guarded by _meta_lock
@@ -377,7 +377,8 @@ class Scanner:
 
     def on_open(self, path: str, size: int) -> None:
         """Scan bookkeeping of one open of *path* (*size* bytes): may start or feed a scan."""
-        if self.opens_read and not scans_wanted(self.source.local, self.fills.speed.slow, self.readahead.local_scans):
+        ra = self.readahead
+        if self.opens_hand_over and not scans_wanted(self.source.local, self.fills.speed.slow, ra.local_scans):
             return  # (a fast local source: each open reads its small file itself)
         parts = split(path)
         if not parts or self.scan_max() <= 0:
