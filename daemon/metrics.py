@@ -112,6 +112,11 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
         "Scan fetches not made because the reader opened the file first (its own read fetched it).",
     ),
     (
+        fstats.SCAN_HELD,
+        "scans_held_total",
+        "Scans in name order that stopped fetching ahead: their reader skipped names it passed.",
+    ),
+    (
         fstats.SCAN_AWAITED,
         "opens_awaited_scan_total",
         "Opens that waited for the scan's fetch of their file under way instead of opening the source again.",
@@ -230,6 +235,11 @@ _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("cache_blocks", "cache_blocks", "Blocks held by the RAM cache."),
     ("inflight_blocks", "cache_inflight_blocks", "RAM cache blocks being filled."),
     ("free_buffers", "cache_free_buffers", "Block buffers kept for reuse."),
+    (
+        "cache_unused_prefetch_bytes",
+        "cache_unused_prefetch_bytes",
+        "Capacity of prefetched RAM cache blocks not read yet (in flight too).",
+    ),
     ("open_files", "open_files", "Files currently open through the mount."),
     ("file_versions", "file_versions", "Source file versions the engine tracks (open, or cached)."),
     ("streams", "streams", "Read streams currently tracked by the pattern detector."),

@@ -25,13 +25,14 @@ Concurrency (what guards what; the fields say it again):
 * ``_lock`` guards every table and counter of the cache (``_blocks``, ``_consumed``, ``_by_file``,
   ``_free``, ``_slabs``, ``reserved``, ``budget``, and the gauges ``_pending`` and ``_ready_bytes``,
   kept as blocks change so a snapshot never walks the table) and a block's ``pins``, ``state``,
-  ``length`` and ``errno``:
+  ``length``, ``errno`` and ``used``:
   :meth:`complete` and :meth:`fail` write the outcome under it, then set ``done`` outside it. A
   reader that waited for ``done`` reads the outcome without the lock (``Latch.set``/``wait``
   order the writes before the reads) and so may the filler that wrote it.
 * A block's ``key``, ``start``, ``buf``, ``view``, ``capacity`` and ``prefetched`` never change after
-  :meth:`reserve` made it. ``used`` only goes from False to True, written by a reader copying out of
-  the block (pinned) without the lock; a stale False only counts the block's bytes as prefetch waste.
+  :meth:`reserve` made it. ``used`` only goes from False to True, by :meth:`use` (a reader copying
+  out of the block, pinned); readers test it without the lock first (a stale False costs one take of
+  the lock).
   ``job`` is written by the block's filler, read without the lock by a reader deciding whether to
   promote it (a stale value promotes a job that already runs: :meth:`PreadPool.promote` says no).
   ``owner`` is set once by a warm before the block can be evicted; ``disk_warm`` once by a disk
@@ -183,6 +184,9 @@ class BlockCache:
         # every read and fetch for each scrape); both guarded by _lock.
         self._pending = 0  # blocks of _blocks in state PENDING
         self._ready_bytes = 0  # the lengths of the blocks of _blocks in state READY
+        # the capacities of the prefetched blocks of _blocks not used yet (pending ones too): what the
+        # scans bound themselves by mount-wide (fastfs.fsio.scanner); read unlocked as a hint
+        self.unused_prefetch = 0
 
     # -- lookup -----------------------------------------------------------------------------
     def get(self, file_key: Hashable, index: int) -> Block | None:
@@ -260,6 +264,8 @@ class BlockCache:
                 memory = _allocate(capacity)
             block = Block(key, first, memory, capacity, prefetched)
             block.pins = 1
+            if prefetched:
+                self.unused_prefetch += capacity
             self._blocks[key] = block
             self._pending += 1
             self._by_file.setdefault(file_key, set()).add(index)
@@ -311,6 +317,8 @@ class BlockCache:
         """Remove a block (lock held). Returns its buffer when it can be reused by the caller."""
         del self._blocks[block.key]
         self._uncount(block)
+        if block.prefetched and not block.used:
+            self.unused_prefetch -= block.capacity
         self._consumed.pop(block.key, None)
         indexes = self._by_file.get(block.key[0])
         if indexes is not None:
@@ -368,6 +376,20 @@ class BlockCache:
             if self.checking:
                 self._check_locked()
         block.done.set()
+
+    def use(self, block: Block) -> bool:
+        """A reader copied out of *block* (pinned): marks it used; True the first time, when a
+        prefetched block's bytes count as prefetch used (called only while ``used`` reads False, so
+        the lock is taken once per block)."""
+        with self._lock:
+            if block.used:
+                return False
+            block.used = True
+            if block.prefetched and self._blocks.get(block.key) is block:
+                self.unused_prefetch -= block.capacity
+            if self.checking:
+                self._check_locked()
+        return True
 
     def consumed(self, block: Block) -> None:
         """A sequential reader passed the end of this block: prefer it for eviction."""
@@ -443,6 +465,7 @@ class BlockCache:
                 "cache_blocks": len(self._blocks),
                 "inflight_blocks": self._pending,
                 "free_buffers": len(self._free),
+                "cache_unused_prefetch_bytes": self.unused_prefetch,
             }
 
     def close(self) -> None:
@@ -456,6 +479,7 @@ class BlockCache:
             self._by_file.clear()
             self.reserved = 0
             self._pending = self._ready_bytes = 0
+            self.unused_prefetch = 0
             self._over_budget = 0
             if self.checking:
                 self._check_locked()
@@ -504,6 +528,8 @@ class BlockCache:
         assert indexed == len(self._blocks), f"cache: _by_file indexes {indexed} of {len(self._blocks)} blocks"
         for key in self._consumed:
             assert key in self._blocks, f"cache: consumed mark of missing block {key!r}"
+        unused = sum(b.capacity for b in self._blocks.values() if b.prefetched and not b.used)
+        assert self.unused_prefetch == unused, f"cache: {self.unused_prefetch} unused prefetch bytes counted, {unused}"
         self._slabs.check()
         in_runs = sum(b.capacity for b in self._blocks.values() if isinstance(b.buf, Run))
         assert in_runs == self._slabs.pages_used * PAGE, (

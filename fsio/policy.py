@@ -453,12 +453,20 @@ def _merge_intervals(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 @dataclass
 class ScanPolicy:
-    """Detects a many-small-file scan of one directory from the order of opens.
+    """Detects a many-small-file scan of one directory from the order of opens, and bounds what a
+    scan in name order fetches ahead.
 
     ``on_open`` records an open and says whether it starts a scan (``trigger`` distinct files
     opened). ``plan`` orders the names to prefetch: for a sorted scan the names after the last one
     opened first, then the rest; for a shuffled scan (a sampler's order) every name not read yet.
     ``epoch_over`` tells when a re-open of an already read name means a new pass has begun.
+
+    A reader in name order shows what it will read: the names it passed. Once the scan's listing is
+    placed (``place``), ``may_fetch`` lets a scan fetch only the :data:`SORTED_LEAD_FILES` names
+    after the reader's last open, and none while the reader opened fewer than
+    :data:`SORTED_MIN_USE` of the names it passed: a reader of the first 100 files of 10,000, or of
+    every tenth, is not given the whole directory. A shuffled reader shows nothing until its pass
+    ends, so a shuffled scan (or a replay of a learned set: ``replaying``) is not bounded here.
     Not thread-safe; the engine calls it under the directory's lock.
     """
 
@@ -466,21 +474,32 @@ class ScanPolicy:
     opened: set[str] = field(default_factory=set)
     order: list[str] = field(default_factory=list)
     active: bool = False
+    in_order: bool = True  # every open so far came after the one before it in name order
+    replaying: bool = False  # the scan replays a learned set: fetched whatever the order
+    index: dict[str, int] | None = None  # name -> position in the sorted listing (``place``)
+    first: int = -1  # lowest position opened (-1: none placed yet)
+    last: int = -1  # the reader's position: that of the last open (in order)
+    placed: int = 0  # opened names that have a position
 
     def on_open(self, name: str) -> bool:
         """Record an open; True when this open starts a scan."""
         if name in self.opened:
             return False
+        if self.order and name < self.order[-1]:
+            self.in_order = False
         self.opened.add(name)
         if len(self.order) < MAX_ORDER:
             self.order.append(name)
+        elif self.in_order:
+            self.order[-1] = name  # (past MAX_ORDER only the last name is needed: the reader's place)
+        self._place_open(name)
         if self.active or len(self.opened) < self.trigger:
             return False
         self.active = True
         return True
 
     def is_sorted(self) -> bool:
-        return self.order == sorted(self.order)
+        return self.in_order
 
     def plan(self, listing: list[str]) -> list[str]:
         names = sorted(n for n in listing if n not in self.opened)
@@ -488,6 +507,46 @@ class ScanPolicy:
             last = self.order[-1]
             return [n for n in names if n > last] + [n for n in names if n <= last]
         return names
+
+    def place(self, listing: list[str]) -> None:
+        """Index the directory's whole *listing* by name order (once per scan): the positions
+        ``may_fetch`` bounds a sorted scan by."""
+        self.index = {n: i for i, n in enumerate(sorted(listing))}
+        self.first = self.last = -1
+        self.placed = 0
+        for name in self.opened:
+            self._place_open(name)
+
+    def _place_open(self, name: str) -> None:
+        if self.index is None:
+            return
+        i = self.index.get(name)
+        if i is None:
+            return  # (a name newer than the listing)
+        self.placed += 1
+        self.first = i if self.first < 0 else min(self.first, i)
+        self.last = max(self.last, i)
+
+    def lead(self) -> int:
+        """Names past the reader's position a sorted scan may fetch: :data:`SORTED_LEAD_FILES` while
+        the reader opened at least :data:`SORTED_MIN_USE` of the names it passed, else 0."""
+        passed = self.last - self.first + 1 if self.first >= 0 else 0
+        if passed > 0 and self.placed < SORTED_MIN_USE * passed:
+            return 0
+        return SORTED_LEAD_FILES
+
+    def bounded(self) -> bool:
+        """True when ``may_fetch`` bounds this scan (a placed listing, a reader in name order)."""
+        return self.index is not None and self.in_order and not self.replaying
+
+    def may_fetch(self, name: str) -> bool:
+        """May the scan fetch *name* now? Always, unless :meth:`bounded`; then only a name within
+        :meth:`lead` names after the reader's position (a name the listing lacks: yes)."""
+        if not self.bounded():
+            return True
+        assert self.index is not None
+        i = self.index.get(name)
+        return i is None or self.last < i <= self.last + self.lead()
 
     def epoch_over(self, name: str, known: int) -> bool:
         """A re-open of ``name`` after most of the ``known`` files were read: a new pass began."""
@@ -531,6 +590,14 @@ class Siblings:
 MAX_ORDER = 4096
 # Share of a directory read before a re-open counts as the start of the next epoch.
 EPOCH_FRACTION = 0.5
+# Names a scan in name order fetches past the reader's last open: 8 rounds of the scanner's 32
+# fetches in flight, so a reader of the whole directory waits on the source, never on this bound,
+# while a reader that stops leaves at most this many files fetched and never read.
+SORTED_LEAD_FILES = 256
+# Share of the names it passed a reader in name order must have opened for its scan to fetch ahead:
+# a scan then fetches at most 1.25x the files read (a reader of every other file is left to read its
+# own, as it would directly).
+SORTED_MIN_USE = 0.8
 
 
 # -- open routes ---------------------------------------------------------------------------------

@@ -413,9 +413,8 @@ class ReadPath:
             self.cache.pin(block)
             parts.blocks.append(block)
             parts.views.append(block.view[pos - block_start : pos - block_start + n])
-        if block.prefetched and not block.used:
+        if not block.used and self.cache.use(block) and block.prefetched:
             self.stats.add(m.BYTES_PREFETCH_USED, block.length)
-        block.used = True
         if pos + n >= block_start + block.length:
             self.cache.consumed(block)
         return n, n if block.prefetched or ready else 0
@@ -461,9 +460,8 @@ class ReadPath:
         self._count_handed(entry, n, 0)
         stats.add(m.BYTES_SERVED_CACHE, n)
         for block in parts.blocks:
-            if block.prefetched and not block.used:
+            if not block.used and self.cache.use(block) and block.prefetched:
                 stats.add(m.BYTES_PREFETCH_USED, block.length)
-            block.used = True
             self.cache.consumed(block)
         return n
 

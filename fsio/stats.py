@@ -47,6 +47,8 @@ SCANS = "small_file_scans"
 SCAN_FILES = "small_file_scan_files"  # files fetched whole by scans
 WALK_AHEAD = "walk_ahead_scans"  # directories scanned ahead of a walk of their parent (readahead.walk_ahead)
 SCAN_SKIPPED = "small_file_scan_skipped"  # queued scan fetches not made: the reader opened the file first
+# scans in name order that stopped fetching ahead: their reader skipped more than a fifth of the names it passed
+SCAN_HELD = "small_file_scans_held"
 SCAN_AWAITED = "opens_awaited_scan"  # opens that waited for the scan's fetch of their file under way
 SCAN_AWAIT_TIMEOUTS = "opens_awaited_scan_timeouts"  # ... and gave up waiting (the open then asked the source)
 FORMAT_PLANS = "format_plans"  # opens whose header gave a prefetch plan
@@ -100,6 +102,7 @@ COUNTERS = (
     SCANS,
     SCAN_FILES,
     SCAN_SKIPPED,
+    SCAN_HELD,
     WALK_AHEAD,
     SCAN_AWAITED,
     SCAN_AWAIT_TIMEOUTS,

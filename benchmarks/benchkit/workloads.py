@@ -38,6 +38,11 @@ IMAGE_BATCH = 32
 MID_BYTES = 256 * MIB
 # Threads of the many-threads small-file reader.
 SMALL_THREADS = 16
+# Readers of part of the small-file directory: the files of a quick test run (the first tenth, name
+# order), the ranks of a strided split (each reads every RANKS-th name), a Subset sampler's share.
+HEAD_SHARE = 10
+RANKS = 4
+SUBSET_SHARE = 10
 # Random large reads: readers, request size, most requests per reader.
 LARGE_RANDOM_READERS = 4
 LARGE_RANDOM_SIZE = 256 * KIB
@@ -117,6 +122,24 @@ def _parents(rels: list[str]) -> list[str]:
 def _small(shuffled: bool) -> Callable[[Dataset], Plan]:
     def build(ds: Dataset) -> Plan:
         return _files(ds, readers.small_file_list(ds.small_dir(), shuffled), readers.read_files)
+
+    return build
+
+
+def _small_part(part: str) -> Callable[[Dataset], Plan]:
+    """A reader of part of the small-file directory (*part*: head, strided or subset)."""
+
+    def build(ds: Dataset) -> Plan:
+        names = readers.small_file_list(ds.small_dir(), False)
+        if part == "head":
+            paths = names[: max(1, len(names) // HEAD_SHARE)]
+        elif part == "strided":
+            paths = names[::RANKS]
+        else:
+            paths = readers.small_file_list(ds.small_dir(), True)[: max(1, len(names) // SUBSET_SHARE)]
+        plan = _files(ds, paths, readers.read_files)
+        plan.paths = [_rel(ds, ds.small_dir())]  # (the reader's directory holds every file)
+        return plan
 
     return build
 
@@ -294,6 +317,9 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("safetensors_hf_half", "safe_open + get_tensor of the first half of the layers, model order", _hf_half),
     Workload("small_sorted", "one reader, 10,000 files of 3 KiB, name order", _small(False)),
     Workload("small_shuffled", "one reader, 10,000 files of 3 KiB, shuffled", _small(True)),
+    Workload("small_head", "one reader, the first tenth of the 10,000 small files, name order", _small_part("head")),
+    Workload("small_strided", "one reader, every 4th of the 10,000 small files, name order", _small_part("strided")),
+    Workload("small_subset", "one reader, a shuffled tenth of the 10,000 small files", _small_part("subset")),
     Workload("threads16_small", "16 threads reading the 10,000 small files", _threads_small),
     Workload("dataloader", "torch DataLoader, 4 workers, shuffled epoch over 2,000 small files", _dataloader),
     Workload(
@@ -342,4 +368,6 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     # large loads that must not regress
     "large": ("npy", "torch", "safetensors", "safetensors_hf", "two_procs"),
+    # readers of part of a directory: what the source is asked for beyond what they read
+    "part": ("small_head", "small_strided", "small_subset"),
 }

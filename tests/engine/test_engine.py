@@ -184,7 +184,7 @@ def test_cache_eviction_prefers_consumed_blocks_and_counts_waste():
         cache.unpin(b)
         blocks.append(b)
     cache.consumed(blocks[2])
-    blocks[2].used = True
+    cache.use(blocks[2])
     nb, created = cache.reserve(("f",), 10, MIB, prefetched=True)
     assert created
     assert cache.peek(("f",), 2) is None and cache.peek(("f",), 0) is not None

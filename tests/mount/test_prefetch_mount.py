@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from conftest import SERVED, evict_page_cache, mounted, wait_for
 
+from fastfs.fsio.policy import SORTED_LEAD_FILES
+
 MIB = 1024 * 1024
 SMALL = 3073
 
@@ -57,6 +59,30 @@ def test_counters_match_bytes_read_and_second_read_hits_cache(src, mnt, big):
         assert snap["gauges"]["cache_bytes"] <= snap["gauges"]["cache_budget"]
 
 
+def test_a_reader_of_the_first_files_of_a_directory_is_not_given_all_of_it(src, mnt):
+    """A quick run over the first 40 files of 1,200, in name order: the scan fetches the names just past
+    the reader (SORTED_LEAD_FILES), not the directory (before: all 1,197 files fetched)."""
+    d = src / "train"
+    d.mkdir()
+    rng = np.random.default_rng(2)
+    files = {f"s{i:05d}.bin": rng.bytes(SMALL) for i in range(1200)}
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    names = sorted(files)
+    with mounted(src, mnt, options=[SERVED, "readahead.learn=false"]) as m:
+        for name in names[:40]:
+            assert read_file(mnt / "train" / name) == files[name]
+        assert wait_for(lambda: counters(m)["small_file_scan_files"] >= SORTED_LEAD_FILES)
+        # the scan stops at the bound: nothing more arrives while the reader does nothing
+        fetched = counters(m)["small_file_scan_files"]
+        assert not wait_for(lambda: counters(m)["small_file_scan_files"] > fetched, timeout=1.0)
+        assert fetched <= 40 + SORTED_LEAD_FILES
+        served = counters(m)["bytes_served_from_cache"]
+        for name in names[40:60]:  # the next names come from RAM
+            assert read_file(mnt / "train" / name) == files[name]
+        assert counters(m)["bytes_served_from_cache"] - served == 20 * SMALL
+
+
 def test_random_reads_through_mount_fetch_little(src, mnt, big):
     with mounted(src, mnt, options=["readahead.formats=false", SERVED]) as m:
         rng = random.Random(9)
@@ -77,7 +103,8 @@ def test_small_file_scan_prefetches_the_directory(src, mnt):
     d = src / "images"
     d.mkdir()
     rng = np.random.default_rng(1)
-    files = {f"img{i:04d}.jpg": rng.bytes(SMALL) for i in range(300)}
+    # (fewer files than a reader in name order is fetched ahead of it: SORTED_LEAD_FILES)
+    files = {f"img{i:04d}.jpg": rng.bytes(SMALL) for i in range(200)}
     for name, data in files.items():
         (d / name).write_bytes(data)
     with mounted(src, mnt, options=[SERVED]) as m:

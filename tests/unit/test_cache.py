@@ -105,10 +105,38 @@ def test_gauges_are_kept_not_walked():
         "cache_blocks": 2,
         "inflight_blocks": 1,
         "free_buffers": 0,
+        "cache_unused_prefetch_bytes": 2 * MIB,
     }
     cache.complete(pending, 7)
     assert cache.gauges()["cache_data_bytes"] == 1007 and cache.gauges()["inflight_blocks"] == 0
     cache._blocks = OrderedDict(dict.items(cache._blocks))
+    cache.check_invariants()
+
+
+def test_unused_prefetch_counts_prefetched_blocks_until_read_or_dropped():
+    """The gauge the scans bound themselves by mount-wide: a prefetched block's capacity from its
+    reservation until its first use, its eviction or its failure; a demand block never."""
+    cache = checked_cache(budget=3 * MIB)
+    a, _ = cache.reserve(("a",), 0, MIB, prefetched=True)
+    b, _ = cache.reserve(("b",), 0, 5000, prefetched=True)
+    c, _ = cache.reserve(("c",), 0, MIB, prefetched=False)
+    assert cache.unused_prefetch == MIB + 8192
+    for block in (a, b, c):
+        cache.complete(block, block.capacity)
+        cache.unpin(block)
+    assert cache.use(a) and not cache.use(a)  # (the first use only)
+    assert cache.unused_prefetch == 8192
+    cache.use(c)
+    assert cache.unused_prefetch == 8192
+    d, _ = cache.reserve(("d",), 0, MIB, prefetched=True)  # evicts a (the oldest), already used
+    e, _ = cache.reserve(("e",), 0, MIB, prefetched=True)  # evicts b, never used
+    assert cache.peek(("b",), 0) is None and cache.unused_prefetch == 2 * MIB
+    cache.fail(d, 5)
+    assert cache.unused_prefetch == MIB
+    cache.complete(e, 10)
+    cache.unpin(e)
+    cache.invalidate_file(("e",))
+    assert cache.unused_prefetch == 0
     cache.check_invariants()
 
 

@@ -16,6 +16,8 @@ from fastfs.fsio.policy import (
     RUN_CROSS,
     RUN_MIN_LEAD,
     SEQ_MIN_BYTES,
+    SORTED_LEAD_FILES,
+    SORTED_MIN_USE,
     ZERO_BET_MIN,
     RangePlan,
     ScanPolicy,
@@ -286,6 +288,94 @@ def test_scan_policy_shuffled_plans_all_unread():
     for n in ("f9", "f2", "f5"):
         sp.on_open(n)
     assert sp.plan([f"f{i}" for i in range(10)]) == ["f0", "f1", "f3", "f4", "f6", "f7", "f8"]
+
+
+def _names(count: int) -> list[str]:
+    return [f"f{i:05d}" for i in range(count)]
+
+
+def _fetchable(sp: ScanPolicy, names: list[str]) -> list[str]:
+    return [n for n in names if sp.may_fetch(n)]
+
+
+@pytest.mark.parametrize(
+    ("opens", "fetchable"),
+    [
+        # the first files in name order: the SORTED_LEAD_FILES names after the last one
+        ([0, 1, 2], range(3, 3 + SORTED_LEAD_FILES)),
+        # a rank's shard in the middle of the directory, read in order
+        ([5000, 5001, 5002, 5003], range(5004, 5004 + SORTED_LEAD_FILES)),
+        # one name in five skipped: 4 of 5 passed, the bound still met
+        ([0, 1, 2, 3, 5, 6, 7, 8], range(9, 9 + SORTED_LEAD_FILES)),
+        # every other name (a strided rank): nothing fetched ahead
+        ([0, 2, 4, 6], []),
+        # every tenth name
+        ([0, 10, 20, 30], []),
+    ],
+)
+def test_scan_policy_sorted_reader_fetches_only_next_names(opens: list[int], fetchable: range | list[int]):
+    names = _names(10_000)
+    sp = ScanPolicy(trigger=3)
+    for i in opens:
+        sp.on_open(names[i])
+    sp.place(names)
+    assert sp.bounded()
+    assert _fetchable(sp, names) == [names[i] for i in fetchable]
+
+
+def test_scan_policy_bound_follows_the_reader_and_recovers():
+    names = _names(1000)
+    sp = ScanPolicy(trigger=3)
+    sp.place(names)
+    assert _fetchable(sp, names) == names[:SORTED_LEAD_FILES]  # a scan ahead of a walk: the first names
+    for i in (0, 3, 6):
+        sp.on_open(names[i])
+    assert sp.lead() == 0  # 3 of 7 passed
+    for i in range(7, 40):
+        sp.on_open(names[i])
+    assert sp.lead() == SORTED_LEAD_FILES  # 36 of 40 passed: fetching again
+    assert _fetchable(sp, names)[0] == names[40]
+
+
+@pytest.mark.parametrize("opens", [["f00005", "f00002", "f00009"], ["f00001", "f00002", "f00000"]])
+def test_scan_policy_shuffled_or_replayed_scan_is_not_bounded(opens: list[str]):
+    names = _names(2000)
+    sp = ScanPolicy(trigger=3)
+    for n in opens:
+        sp.on_open(n)
+    sp.place(names)
+    assert not sp.bounded()
+    assert _fetchable(sp, names) == names
+    sorted_sp = ScanPolicy(trigger=3, replaying=True)
+    sorted_sp.on_open(names[0])
+    sorted_sp.place(names)
+    assert _fetchable(sorted_sp, names) == names
+
+
+def test_scan_policy_names_newer_than_the_listing_may_be_fetched():
+    sp = ScanPolicy(trigger=3)
+    sp.place(_names(10))
+    sp.on_open("f00000")
+    assert sp.may_fetch("zz-new")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 1999), min_size=1, max_size=200, unique=True).map(sorted))
+def test_scan_policy_sorted_scan_fetches_at_most_a_lead_past_the_reader(opened: list[int]):
+    """Whatever subset a reader in name order opens, a scan fetches only names after its position,
+    at most SORTED_LEAD_FILES of them, and none once it skipped more than a fifth of those it passed."""
+    names = _names(2000)
+    sp = ScanPolicy(trigger=3)
+    sp.place(names)
+    for i in opened:
+        sp.on_open(names[i])
+    allowed = [names.index(n) for n in _fetchable(sp, names)]
+    assert all(opened[-1] < i <= opened[-1] + SORTED_LEAD_FILES for i in allowed)
+    passed = opened[-1] - opened[0] + 1
+    if len(opened) < SORTED_MIN_USE * passed:
+        assert allowed == []
+    else:
+        assert allowed == list(range(opened[-1] + 1, min(2000, opened[-1] + 1 + SORTED_LEAD_FILES)))
 
 
 def test_scan_policy_epoch():
