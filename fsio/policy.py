@@ -460,6 +460,8 @@ class ScanPolicy:
     opened). ``plan`` orders the names to prefetch: for a sorted scan the names after the last one
     opened first, then the rest; for a shuffled scan (a sampler's order) every name not read yet.
     ``epoch_over`` tells when a re-open of an already read name means a new pass has begun.
+    While a learned set is replayed (``learn``) only opens outside it start a scan: a job that read
+    a tenth of the directory last time gets that tenth fetched, not the rest as well.
 
     A reader in name order shows what it will read: the names it passed. Once the scan's listing is
     placed (``place``), ``may_fetch`` lets a scan fetch only the :data:`SORTED_LEAD_FILES` names
@@ -476,6 +478,8 @@ class ScanPolicy:
     active: bool = False
     in_order: bool = True  # every open so far came after the one before it in name order
     replaying: bool = False  # the scan replays a learned set: fetched whatever the order
+    learned: frozenset[str] = frozenset()  # the learned set replayed (``learn``): its opens start no scan
+    outside: int = 0  # distinct names opened outside ``learned``: what starts a scan
     index: dict[str, int] | None = None  # name -> position in the sorted listing (``place``)
     first: int = -1  # lowest position opened (-1: none placed yet)
     last: int = -1  # the reader's position: that of the last open (in order)
@@ -493,10 +497,19 @@ class ScanPolicy:
         elif self.in_order:
             self.order[-1] = name  # (past MAX_ORDER only the last name is needed: the reader's place)
         self._place_open(name)
-        if self.active or len(self.opened) < self.trigger:
+        if name not in self.learned:
+            self.outside += 1
+        if self.active or self.outside < self.trigger:
             return False
         self.active = True
         return True
+
+    def learn(self, names: frozenset[str]) -> None:
+        """A learned set of *names* is replayed: opens of its names start no scan (it is fetched
+        already); ``trigger`` names outside it do (the reader reads beyond what it read last time)."""
+        self.replaying = True
+        self.learned = names
+        self.outside = len(self.opened - names)
 
     def is_sorted(self) -> bool:
         return self.in_order

@@ -393,7 +393,10 @@ class Scanner:
         with ds.lock:
             arrived = not ds.policy.opened  # the reader's first open in this directory (a new epoch is no arrival)
             if ds.policy.epoch_over(name, ds.known):
+                old = ds.policy
                 ds.policy = ScanPolicy(self.readahead.scan_trigger)
+                if old.replaying:  # (the set still says what the job reads, until learn's epoch replays it)
+                    ds.policy.learn(old.learned)
                 ds.queue.clear()
                 ds.ahead.clear()
                 ds.ahead_bytes = 0
@@ -408,7 +411,7 @@ class Scanner:
             self.trace("%s: replaying the learned access set of last epoch (%d files)", dir_path, len(learned.names))
             names = self._stale_names(dir_path, learned.names)
             with ds.lock:
-                ds.policy.replaying = True  # (the set the readers opened: fetched in any order)
+                ds.policy.learn(frozenset(learned.names))  # (fetched in any order; opens in it start no scan)
                 ds.queue.extend(n for n in names if n not in ds.policy.opened)
                 ds.known = max(ds.known, len(learned.names))
             self._pump(dir_path, ds)

@@ -352,6 +352,32 @@ def test_scan_policy_shuffled_or_replayed_scan_is_not_bounded(opens: list[str]):
     assert _fetchable(sorted_sp, names) == names
 
 
+@pytest.mark.parametrize(
+    ("opens", "starts_at"),
+    [
+        (["a", "b", "c", "d", "e"], None),  # all in the learned set: no scan
+        (["a", "x", "b", "y", "c", "z"], 5),  # the third name outside it starts one
+        (["x", "y", "z"], 2),
+    ],
+)
+def test_scan_policy_opens_in_a_replayed_learned_set_start_no_scan(opens: list[str], starts_at: int | None):
+    sp = ScanPolicy(trigger=3)
+    sp.learn(frozenset("abcdefgh"))
+    started = [i for i, name in enumerate(opens) if sp.on_open(name)]
+    assert started == ([] if starts_at is None else [starts_at])
+    assert sp.replaying and not sp.bounded()
+
+
+def test_scan_policy_learned_set_counts_opens_made_before_it():
+    sp = ScanPolicy(trigger=3)
+    sp.on_open("x")
+    sp.on_open("a")
+    sp.learn(frozenset("abc"))  # (the replay is asked after the open that made it due)
+    assert not sp.on_open("b")
+    assert not sp.on_open("y")
+    assert sp.on_open("z")
+
+
 def test_scan_policy_names_newer_than_the_listing_may_be_fetched():
     sp = ScanPolicy(trigger=3)
     sp.place(_names(10))
