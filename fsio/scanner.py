@@ -4,9 +4,13 @@ Opens are fed to a per-directory :class:`~fastfs.fsio.policy.ScanPolicy` (:meth:
 when it detects a scan (several files of one directory opened in a short span), the directory is
 listed and its remaining small files are fetched whole in the planned order on the pool, keeping
 at most :data:`SCAN_LEAD_FILES` (and 1/:data:`SCAN_BUDGET_SHARE` of the RAM budget) ahead of the
-reader and :data:`SCAN_PARALLEL` fetches in flight (:meth:`Scanner._pump`). With learning on, the set
-of files each directory's readers opened is recorded and, on the next epoch or after a remount, a
-scan of that set starts on the first open.
+reader and :data:`SCAN_PARALLEL` fetches in flight (:meth:`Scanner._pump`). A reader in name order
+is fetched only the names just past it, and none while it skips names
+(:meth:`~fastfs.fsio.policy.ScanPolicy.may_fetch`); all scans together evict nothing to fetch while
+the mount's prefetched bytes not read yet fill their share of the budget (:meth:`Scanner._mount_share_full`).
+With learning on, the set of files each directory's readers opened is recorded and, on the next
+epoch or after a remount, a scan of that set starts on the first open; only opens outside it start a
+scan of the rest.
 
 Each fetch remembers the file's metadata (:class:`MetaEntry`), and so does each lookup that asks the
 source (:meth:`Scanner.lstat`, :meth:`Scanner.lstat_many`). Remembered metadata answers lookups and
