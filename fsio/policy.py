@@ -549,8 +549,10 @@ class ScanPolicy:
         return SORTED_LEAD_FILES
 
     def bounded(self) -> bool:
-        """True when ``may_fetch`` bounds this scan (a placed listing, a reader in name order)."""
-        return self.index is not None and self.in_order and not self.replaying
+        """True when ``may_fetch`` bounds this scan: a placed listing and a reader in name order at a
+        known position (a scan ahead of a walk has no reader yet: it fetches the directory, the
+        reader may enter it from either end)."""
+        return self.index is not None and self.in_order and not self.replaying and self.first >= 0
 
     def may_fetch(self, name: str) -> bool:
         """May the scan fetch *name* now? Always, unless :meth:`bounded`; then only a name within
