@@ -78,9 +78,9 @@ bench: bench-local bench-latency bench-formats bench-stats bench-disktier
 # own on a free port), s3fs (never Debian's "fuse": it conflicts with fuse3; s3fs pulls only libfuse2),
 # moto's S3 server and boto3 (pip), and cc for the delay line (a source's delay=MS).
 # (bench_floor.py's reference daemon needs gcc, pkg-config and libfuse3-dev: system-deps installs them.)
-BENCH_APT := fio sqlite3 git rclone sshfs s3fs openssh-server gcc
+BENCH_APT := fio sqlite3 git rclone sshfs s3fs openssh-server gcc glusterfs-server glusterfs-client
 bench-deps: setup
-	@missing=; for c in fio sqlite3 git rclone sshfs s3fs /usr/sbin/sshd cc; do command -v $$c >/dev/null || missing=1; done; \
+	@missing=; for c in fio sqlite3 git rclone sshfs s3fs /usr/sbin/sshd cc glusterfsd glusterfs; do command -v $$c >/dev/null || missing=1; done; \
 		[ -z "$$missing" ] || { $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq $(BENCH_APT); }
 	@$(PYTHON) -c "import moto.server, boto3" 2>/dev/null || $(PIP_INSTALL) 'moto[server]' boto3
 

@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None) -> Any:
         action="append",
         default=[],
         metavar="LIST",
-        help="storages: emu:PRESET|SPEC, rclone, sshfs, s3fs (options :delay=MS,keep=1,subtype=NAME), "
+        help="storages: emu:PRESET|SPEC, rclone, sshfs, s3fs, gluster (options :delay=MS,keep=1,subtype=NAME), "
         "comma-separated, e.g. rclone,sshfs:delay=2,s3fs,emu:issue14 (default: every emulator preset)",
     )
     p.add_argument("--behaviours", default="", help="comma-separated emulator presets (see --list)")
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         print("emulator presets (--behaviours NAME or --storage emu:NAME):")
         for name, spec in PRESETS.items():
             print(f"  {name:8} {spec or '(defaults)':38} {PRESET_NOTES[name]}")
-        print("network clients (--storage NAME[:delay=MS,keep=1,subtype=NAME]): rclone, sshfs, s3fs")
+        print("network clients (--storage NAME[:delay=MS,keep=1,subtype=NAME]): rclone, sshfs, s3fs, gluster")
         print("workload groups (--workloads @NAME):")
         for name, members in GROUPS.items():
             print(f"  @{name:7} {','.join(members)}")

@@ -14,7 +14,15 @@ stopped, the directory removed), never touching the system's own configuration:
   insists on never touches the system's ``/run``), ``sshfs`` with a private ``ssh -F`` config;
   the sftp-server logs each request (``-l DEBUG1``);
 * ``s3fs``: moto's S3 server (``python -m moto.server``) holding a bucket the harness uploads the
-  data set's files into, ``s3fs`` with a private password file and path-style requests.
+  data set's files into, ``s3fs`` with a private password file and path-style requests;
+* ``gluster``: a GlusterFS brick process (``glusterfsd``) over a private brick directory, started
+  from a volume file of its own (no ``glusterd``, no system volume), and GlusterFS's FUSE client
+  (``glusterfs``) with the client graph ``glusterd`` generates for a one-brick volume (GlusterFS
+  10's defaults: md-cache, quick-read, open-behind, write-behind, io-threads). The harness copies
+  the data set's files into the volume through a client mount first (a brick's files carry
+  GlusterFS's own ids). The brick counts the requests it answers by kind (its ``io-stats``
+  translator, dumped every second); its bytes are counted on the wire by a delay line always in
+  front of it, as moto's are (quick-read returns small files with their lookups).
 
 What the *source* sees is counted where the server can tell (:meth:`NetSource.counters`,
 cumulative; the harness diffs them around each run): requests by kind from the server's own log
@@ -26,7 +34,7 @@ the files and write them to a socket or pipe), and for moto the bytes it sent on
 its memory), counted by a :mod:`.delayline` always in front of it (delay 0 unless asked). With a
 delay (``delay=MS``) every client reaches its server through a delay line, whose counters are added.
 
-Spec strings (``--storage``): ``rclone``, ``sshfs``, ``s3fs``, each optionally ``:delay=MS``
+Spec strings (``--storage``): ``rclone``, ``sshfs``, ``s3fs``, ``gluster``, each optionally ``:delay=MS``
 (one-way delay in ms, so a round trip costs 2 x MS more), ``keep=1`` (do not remount the client
 before each cold run) and, for rclone, ``dircache=S`` (``--dir-cache-time`` of its mount and of
 ``rclone serve``, whose own VFS lists directories too; default 5 min, in which files made on the
@@ -81,9 +89,15 @@ ABOUT = {
     "rclone": "rclone mount (--vfs-cache-mode off) of rclone serve webdav",
     "sshfs": "sshfs (its defaults) to a private loopback sshd",
     "s3fs": "s3fs (its defaults) over a private moto S3 server",
+    "gluster": "GlusterFS's FUSE client (its defaults) of a private one-brick volume",
 }
 # The Debian packages each client needs (for the error message of a missing tool).
-PACKAGES = {"rclone": "rclone", "sshfs": "sshfs openssh-server", "s3fs": "s3fs (and pip: moto[server], boto3)"}
+PACKAGES = {
+    "rclone": "rclone",
+    "sshfs": "sshfs openssh-server",
+    "s3fs": "s3fs (and pip: moto[server], boto3)",
+    "gluster": "glusterfs-server glusterfs-client",
+}
 
 
 def free_port() -> int:
@@ -310,7 +324,7 @@ class NetSource:
     data_counter: str
     """What counts the server's data volume: a /proc io field (``rchar``) or ``wire_down`` (the delay line)."""
     mount_client: Callable[[], subprocess.Popen]
-    logs: list[LogCounts] = field(default_factory=list)
+    logs: list[LogCounts | GlusterStats] = field(default_factory=list)
     io: IoTotals | None = None
     delay: DelayLine | None = None
     client: subprocess.Popen | None = None
@@ -698,4 +712,250 @@ def s3fs_source(
             stop_process(server)
 
 
-SOURCES = {"rclone": rclone_source, "sshfs": sshfs_source, "s3fs": s3fs_source}
+# -- gluster ---------------------------------------------------------------------------------------
+# Where a brick's io-stats translator dumps its counters (GlusterFS's fixed directory; the file is
+# named after the brick's path, so each source's is its own, and it is removed at teardown).
+GLUSTER_STATS_DIR = "/var/lib/glusterd/stats"
+# Seconds between the brick's dumps of its counters, and the longest wait for a dump newer than a
+# counters() call (the harness reads counters outside any timing).
+GLUSTER_DUMP_INTERVAL = 1
+GLUSTER_DUMP_WAIT = 5.0
+# Files copied into the volume at once (the client creates each with a few round trips).
+GLUSTER_COPY_THREADS = 8
+# The brick: posix storage, locks, io-threads, io-stats (counting), the server. The brick directory
+# is named by its path, as glusterd names bricks.
+GLUSTER_SERVER_VOL = """\
+volume posix
+    type storage/posix
+    option directory {brick}
+end-volume
+
+volume locks
+    type features/locks
+    subvolumes posix
+end-volume
+
+volume io-threads
+    type performance/io-threads
+    subvolumes locks
+end-volume
+
+volume {brick}
+    type debug/io-stats
+    option count-fop-hits on
+    option latency-measurement on
+    option ios-dump-interval {interval}
+    option ios-dump-format json
+    subvolumes io-threads
+end-volume
+
+volume server
+    type protocol/server
+    option transport-type tcp
+    option transport.address-family inet
+    option transport.socket.bind-address 127.0.0.1
+    option transport.socket.listen-port {port}
+    option auth.addr.{brick}.allow *
+    subvolumes {brick}
+end-volume
+"""
+# The client graph glusterd (GlusterFS 10.3) generates for a one-brick volume with its defaults
+# (``glv.tcp-fuse.vol``), the brick's address given outright (no glusterd to ask for its port).
+GLUSTER_CLIENT_VOL = """\
+volume v-client-0
+    type protocol/client
+    option send-gids true
+    option strict-locks off
+    option transport.socket.keepalive-count 9
+    option transport.socket.keepalive-interval 2
+    option transport.socket.keepalive-time 20
+    option transport.tcp-user-timeout 0
+    option transport.socket.ssl-enabled off
+    option transport.address-family inet
+    option transport-type tcp
+    option remote-subvolume {brick}
+    option remote-host 127.0.0.1
+    option remote-port {port}
+    option ping-timeout 42
+end-volume
+
+volume v-dht
+    type cluster/distribute
+    option force-migration off
+    option lock-migration off
+    subvolumes v-client-0
+end-volume
+
+volume v-utime
+    type features/utime
+    option noatime on
+    subvolumes v-dht
+end-volume
+
+volume v-write-behind
+    type performance/write-behind
+    subvolumes v-utime
+end-volume
+
+volume v-open-behind
+    type performance/open-behind
+    subvolumes v-write-behind
+end-volume
+
+volume v-quick-read
+    type performance/quick-read
+    subvolumes v-open-behind
+end-volume
+
+volume v-md-cache
+    type performance/md-cache
+    subvolumes v-quick-read
+end-volume
+
+volume v-io-threads
+    type performance/io-threads
+    subvolumes v-md-cache
+end-volume
+
+volume v
+    type debug/io-stats
+    option global-threading off
+    option count-fop-hits off
+    option latency-measurement off
+    option threads 16
+    option log-level INFO
+    subvolumes v-io-threads
+end-volume
+"""
+_GLUSTER_FOP = re.compile(r'"[^"]*\.aggr\.fop\.([a-z_]+)\.count":\s*(\d+)')
+_GLUSTER_READ = re.compile(r'"[^"]*\.aggr\.bytes_read":\s*(\d+)')
+
+
+class GlusterStats:
+    """The brick's cumulative counters from its io-stats dump: requests by kind and bytes read."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def poll(self) -> dict[str, int]:
+        asked = time.time()
+        deadline = time.monotonic() + GLUSTER_DUMP_WAIT
+        while time.monotonic() < deadline:  # a dump written after this call covers every request before it
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(self.path).st_mtime > asked + 0.05:
+                    break
+            time.sleep(POLL_INTERVAL)
+        try:
+            with open(self.path) as f:
+                text = f.read()
+        except FileNotFoundError:
+            text = ""
+        out: dict[str, int] = {}  # (the dump's "aggr" keys are cumulative since the brick started)
+        for name, count in _GLUSTER_FOP.findall(text):
+            if name != "weighted_fop_count":
+                out[name] = max(out.get(name, 0), int(count))
+        found = _GLUSTER_READ.findall(text)
+        out["bytes_read"] = max((int(v) for v in found), default=0)
+        out["requests"] = sum(v for k, v in out.items() if k != "bytes_read")
+        return out
+
+
+def _copy_into(mnt: str, data_dir: str, paths: Iterable[str]) -> int:
+    """Copy *paths* (relative to *data_dir*; directories whole) into the volume mounted at *mnt*."""
+    files: list[str] = []
+    for rel in sorted(set(paths)):
+        full = os.path.join(data_dir, rel)
+        if os.path.isdir(full):
+            for d, dirs, names in os.walk(full):
+                for sub in dirs:
+                    os.makedirs(os.path.join(mnt, os.path.relpath(os.path.join(d, sub), data_dir)), exist_ok=True)
+                files += [os.path.relpath(os.path.join(d, n), data_dir) for n in names]
+        elif os.path.exists(full):
+            files.append(rel)
+    for rel in files:
+        os.makedirs(os.path.dirname(os.path.join(mnt, rel)) or mnt, exist_ok=True)
+
+    def put(rel: str) -> int:
+        shutil.copyfile(os.path.join(data_dir, rel), os.path.join(mnt, rel))
+        shutil.copystat(os.path.join(data_dir, rel), os.path.join(mnt, rel))
+        return os.path.getsize(os.path.join(data_dir, rel))
+
+    with ThreadPoolExecutor(GLUSTER_COPY_THREADS) as ex:
+        return sum(ex.map(put, files))
+
+
+@contextlib.contextmanager
+def gluster_source(
+    data_dir: str,
+    mnt: str,
+    options: NetOptions | None = None,
+    paths: Iterable[str] = (".",),
+    ram_dir: str | None = None,
+) -> Iterator[NetSource]:
+    """GlusterFS's FUSE client of a private one-brick volume holding *paths* of the data directory.
+
+    *ram_dir*: parent of the brick (the volume's files live there, in RAM like the emulator's data);
+    default: the system's temporary directory.
+    """
+    options = options or NetOptions()
+    if options.dir_cache_s is not None:
+        raise ValueError("dircache= is an option of rclone's mount only")
+    if options.subtype:
+        raise RuntimeError("GlusterFS's client cannot be given another FUSE subtype (sshfs and s3fs can)")
+    require_tools("gluster", ["glusterfsd", "glusterfs"])
+    with _workdir("gluster", ram_dir) as work:
+        brick = os.path.join(work, "brick")
+        os.makedirs(brick)
+        port = free_port()
+        server_vol = os.path.join(work, "server.vol")
+        with open(server_vol, "w") as f:
+            f.write(GLUSTER_SERVER_VOL.format(brick=brick, port=port, interval=GLUSTER_DUMP_INTERVAL))
+        server_log = os.path.join(work, "brick.log")
+        stats = os.path.join(GLUSTER_STATS_DIR, "glusterfsd_" + brick.replace("/", "_") + ".dump")
+        os.makedirs(GLUSTER_STATS_DIR, exist_ok=True)  # (the server package makes it; a client-only machine may not)
+        server = _spawn(["glusterfsd", "-N", "-f", server_vol, "-l", server_log], os.path.join(work, "brick.out"))
+        try:
+            wait_port(port, server, server_log, "glusterfsd")
+
+            def client_at(client_port: int, where: str, log: str) -> Callable[[], subprocess.Popen]:
+                vol = os.path.join(work, f"client-{client_port}.vol")
+                with open(vol, "w") as f:
+                    f.write(GLUSTER_CLIENT_VOL.format(brick=brick, port=client_port))
+                return lambda: _spawn(["glusterfs", "-N", "-f", vol, "-l", log, where], log)
+
+            # The data set goes in through a client of its own, without delay; the files keep their times.
+            loader = os.path.join(work, "load")
+            os.makedirs(loader)
+            load_log = os.path.join(work, "load.log")
+            loading = client_at(port, loader, load_log)
+            load = NetSource("gluster", data_dir, loader, work, NetOptions(), "bytes_read", loading)
+            with _source(load):
+                copied = _copy_into(loader, data_dir, paths)
+            # The bytes the brick sends are counted on the wire by a delay line always in front of it
+            # (delay 0 unless asked): quick-read returns small files with their lookups, which the
+            # brick's own bytes_read leaves out.
+            with delay_line(port, options.delay_ms, work) as dl:
+                client_port = dl.port
+                os.makedirs(mnt, exist_ok=True)
+                src = NetSource(
+                    "gluster",
+                    data_dir,
+                    mnt,
+                    work,
+                    options,
+                    "wire_down",
+                    client_at(client_port, mnt, os.path.join(work, "gluster-client.log")),
+                    logs=[GlusterStats(stats)],
+                    io=IoTotals(lambda: [server.pid]),
+                    delay=dl,
+                    about=f"{ABOUT['gluster']} ({copied / 2**20:.0f} MiB copied in)",
+                )
+                with _source(src):
+                    yield src
+        finally:
+            stop_process(server)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stats)
+
+
+SOURCES = {"rclone": rclone_source, "sshfs": sshfs_source, "s3fs": s3fs_source, "gluster": gluster_source}

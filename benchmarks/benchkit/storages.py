@@ -1,7 +1,7 @@
 """The storages a benchmark runs over: the latency emulator (a behaviour) or a real network client.
 
 ``--storage`` names them: ``emu:PRESET`` or ``emu:SPEC`` (a :class:`latency_fs.Behaviour` spec,
-e.g. ``emu:lat=5,dirops=serial``), ``rclone``, ``sshfs``, ``s3fs`` (each with ``:delay=MS``,
+e.g. ``emu:lat=5,dirops=serial``), ``rclone``, ``sshfs``, ``s3fs``, ``gluster`` (each with ``:delay=MS``,
 ``keep=1``: see :mod:`.netsources`). A comma separates storages; an item without a storage name
 (``dirops=serial`` after ``emu:lat=5``) continues the previous one, so specs need no quoting.
 
@@ -158,7 +158,8 @@ def started(
     """Mount *spec* over *data_dir* at *mnt* for the block (always torn down).
 
     *paths* (relative to *data_dir*): what the workloads read, uploaded to the S3 server of ``s3fs``
-    (the others serve the directory itself). *ram_dir*: where the S3 server keeps spilled objects.
+    or copied into the volume of ``gluster`` (the others serve the directory itself). *ram_dir*:
+    where the S3 server keeps spilled objects and where the GlusterFS brick lives.
     """
     if spec.kind == "emu":
         from latency_fs import emulated
@@ -167,6 +168,6 @@ def started(
             yield Storage(spec, emu.mnt, emu)
         return
     factory = netsources.SOURCES[spec.kind]
-    kwargs: dict[str, Any] = {"paths": paths, "ram_dir": ram_dir} if spec.kind == "s3fs" else {}
+    kwargs: dict[str, Any] = {"paths": paths, "ram_dir": ram_dir} if spec.kind in ("s3fs", "gluster") else {}
     with factory(data_dir, mnt, spec.net_options(), **kwargs) as src:
         yield Storage(spec, src.mnt, src)

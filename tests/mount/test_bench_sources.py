@@ -1,5 +1,5 @@
 """The benchmarks' storages: spec parsing, the servers' log classifiers, the delay line, and each real
-network client (rclone, sshfs, s3fs) end to end on loopback.
+network client (rclone, sshfs, s3fs, GlusterFS) end to end on loopback.
 
 The matrix judges fastfs over these sources, so what they count must be right: a source's files read
 byte-exact through its mount, its request and byte counters move by what was read, and its teardown
@@ -118,10 +118,11 @@ def _tools(kind: str) -> list[str]:
         "rclone": ["rclone"],
         "sshfs": ["sshfs", netsources.SSHD, netsources.SFTP_SERVER, "unshare"],
         "s3fs": ["s3fs"],
+        "gluster": ["glusterfsd", "glusterfs"],
     }[kind]
 
 
-@pytest.mark.parametrize("kind", ["rclone", "sshfs", "s3fs"])
+@pytest.mark.parametrize("kind", ["rclone", "sshfs", "s3fs", "gluster"])
 def test_network_source_reads_exact_bytes_counts_and_tears_down(tmp_path, kind):
     if any(shutil.which(t) is None and not os.path.exists(t) for t in _tools(kind)):
         pytest.skip(f"{kind} is not installed (make bench-deps)")
@@ -133,8 +134,8 @@ def test_network_source_reads_exact_bytes_counts_and_tears_down(tmp_path, kind):
     for i in range(5):
         (data_dir / "sub" / f"f{i}").write_bytes(DATA[i * 1000 : i * 1000 + 3000])
     mnt = tmp_path / "mnt"
-    kwargs = {"paths": ["big.bin", "sub"]} if kind == "s3fs" else {}
-    options = netsources.NetOptions(subtype="" if kind == "rclone" else "benchclient")
+    kwargs = {"paths": ["big.bin", "sub"]} if kind in ("s3fs", "gluster") else {}
+    options = netsources.NetOptions(subtype="" if kind in ("rclone", "gluster") else "benchclient")
     with netsources.SOURCES[kind](str(data_dir), str(mnt), options, **kwargs) as src:
         work = src.work
         if options.subtype:  # mounted as a client fastfs does not know
