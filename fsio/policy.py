@@ -466,9 +466,13 @@ class ScanPolicy:
     A reader in name order shows what it will read: the names it passed. Once the scan's listing is
     placed (``place``), ``may_fetch`` lets a scan fetch only the :data:`SORTED_LEAD_FILES` names
     after the reader's last open, and none while the reader opened fewer than
-    :data:`SORTED_MIN_USE` of the names it passed: a reader of the first 100 files of 10,000, or of
-    every tenth, is not given the whole directory. A shuffled reader shows nothing until its pass
-    ends, so a shuffled scan (or a replay of a learned set: ``replaying``) is not bounded here.
+    :data:`SORTED_MIN_USE` of the names it passed: a reader of the first 100 files of 10,000 is not
+    given the whole directory. A reader whose last :data:`STRIDE_CONFIRM` steps through the listing
+    were the same number of names (a rank reading every k-th file, as ``DistributedSampler`` without
+    shuffling hands out) is strided (``stride``): the next :data:`SORTED_LEAD_FILES` names on its
+    stride may be fetched and ``skips`` tells the scan to drop the names between them, which the
+    reader passes over. A shuffled reader shows nothing until its pass ends, so a shuffled scan (or a
+    replay of a learned set: ``replaying``) is not bounded here.
     Not thread-safe; the engine calls it under the directory's lock.
     """
 
@@ -484,6 +488,8 @@ class ScanPolicy:
     first: int = -1  # lowest position opened (-1: none placed yet)
     last: int = -1  # the reader's position: that of the last open (in order)
     placed: int = 0  # opened names that have a position
+    step: int = 0  # the last step of the reader in name order (positions between two opens; 0: none)
+    steps: int = 0  # how many steps in a row were ``step`` long
 
     def on_open(self, name: str) -> bool:
         """Record an open; True when this open starts a scan."""
@@ -526,25 +532,41 @@ class ScanPolicy:
         ``may_fetch`` bounds a sorted scan by."""
         self.index = {n: i for i, n in enumerate(sorted(listing))}
         self.first = self.last = -1
-        self.placed = 0
-        for name in self.opened:
+        self.placed = self.step = self.steps = 0
+        for name in self.order:  # in the order opened: the reader's steps
             self._place_open(name)
+        if len(self.opened) > len(self.order):  # (past MAX_ORDER: counted, their steps unknown)
+            kept = set(self.order)
+            for name in self.opened - kept:
+                self._place_open(name, steps=False)
 
-    def _place_open(self, name: str) -> None:
+    def _place_open(self, name: str, steps: bool = True) -> None:
         if self.index is None:
             return
         i = self.index.get(name)
         if i is None:
             return  # (a name newer than the listing)
+        if steps:
+            if self.last >= 0 and i > self.last:
+                step = i - self.last
+                self.steps = self.steps + 1 if step == self.step else 1
+                self.step = step
+            elif self.last >= 0:
+                self.step = self.steps = 0  # (a step back: no stride)
         self.placed += 1
         self.first = i if self.first < 0 else min(self.first, i)
         self.last = max(self.last, i)
+
+    def stride(self) -> int:
+        """The reader's stride through the listing: the length of its last :data:`STRIDE_CONFIRM` steps
+        when they were all the same and longer than one name (a rank's every k-th file), else 0."""
+        return self.step if self.step > 1 and self.steps >= STRIDE_CONFIRM else 0
 
     def lead(self) -> int:
         """Names past the reader's position a sorted scan may fetch: :data:`SORTED_LEAD_FILES` while
         the reader opened at least :data:`SORTED_MIN_USE` of the names it passed, else 0."""
         passed = self.last - self.first + 1 if self.first >= 0 else 0
-        if passed > 0 and self.placed < SORTED_MIN_USE * passed:
+        if passed > 0 and self.placed < SORTED_MIN_USE * passed and not self.stride():
             return 0
         return SORTED_LEAD_FILES
 
@@ -556,12 +578,33 @@ class ScanPolicy:
 
     def may_fetch(self, name: str) -> bool:
         """May the scan fetch *name* now? Always, unless :meth:`bounded`; then only a name within
-        :meth:`lead` names after the reader's position (a name the listing lacks: yes)."""
+        :meth:`lead` names after the reader's position, or, for a strided reader, one of the next
+        :meth:`lead` names on its stride (a name the listing lacks: yes)."""
         if not self.bounded():
             return True
         assert self.index is not None
         i = self.index.get(name)
-        return i is None or self.last < i <= self.last + self.lead()
+        if i is None:
+            return True
+        stride = self.stride()
+        if stride:
+            return self.last < i <= self.last + self.lead() * stride and (i - self.last) % stride == 0
+        return self.last < i <= self.last + self.lead()
+
+    def skips(self, name: str) -> bool:
+        """True when a bounded scan will not fetch *name* while its reader goes on as it does: the
+        name is behind the reader in name order, or between two names on a strided reader's stride
+        (the scan drops it from its queue; later names are fetched as the reader comes near them)."""
+        if not self.bounded():
+            return False
+        assert self.index is not None
+        i = self.index.get(name)
+        if i is None:
+            return False
+        if i <= self.last:
+            return True
+        stride = self.stride()
+        return stride > 0 and (i - self.last) % stride != 0
 
     def epoch_over(self, name: str, known: int) -> bool:
         """A re-open of ``name`` after most of the ``known`` files were read: a new pass began."""
@@ -610,9 +653,13 @@ EPOCH_FRACTION = 0.5
 # while a reader that stops leaves at most this many files fetched and never read.
 SORTED_LEAD_FILES = 256
 # Share of the names it passed a reader in name order must have opened for its scan to fetch ahead:
-# a scan then fetches at most 1.25x the files read (a reader of every other file is left to read its
-# own, as it would directly).
+# a scan then fetches at most 1.25x the files read (a reader skipping names with no stride is left to
+# read its own, as it would directly; a strided one is told by its steps, STRIDE_CONFIRM).
 SORTED_MIN_USE = 0.8
+# Steps of the same length in a row (positions in name order between a reader's opens) that make it
+# strided: four equal steps are no accident of a reader skipping names (a shuffled or irregular reader
+# shows steps that differ), and a rank of a strided shard shows them after five opens.
+STRIDE_CONFIRM = 4
 
 
 # -- open routes ---------------------------------------------------------------------------------

@@ -5,9 +5,10 @@ when it detects a scan (several files of one directory opened in a short span), 
 listed and its remaining small files are fetched whole in the planned order on the pool, keeping
 at most :data:`SCAN_LEAD_FILES` (and 1/:data:`SCAN_BUDGET_SHARE` of the RAM budget) ahead of the
 reader and :data:`SCAN_PARALLEL` fetches in flight (:meth:`Scanner._pump`). A reader in name order
-is fetched only the names just past it, and none while it skips names
-(:meth:`~fastfs.fsio.policy.ScanPolicy.may_fetch`); all scans together evict nothing to fetch while
-the mount's prefetched bytes not read yet fill their share of the budget (:meth:`Scanner._mount_share_full`).
+is fetched only the names just past it (a strided one, every k-th name, the next names on its
+stride), and none while it skips names otherwise (:meth:`~fastfs.fsio.policy.ScanPolicy.may_fetch`);
+all scans together evict nothing to fetch while the mount's prefetched bytes not read yet fill their
+share of the budget (:meth:`Scanner._mount_share_full`).
 With learning on, the set of files each directory's readers opened is recorded and, on the next
 epoch or after a remount, a scan of that set starts on the first open; only opens outside it start a
 scan of the rest.
@@ -540,6 +541,9 @@ class Scanner:
                     ds.queue.popleft()
                     continue
                 if not ds.policy.may_fetch(name):  # (a reader in name order: only its next names)
+                    if ds.policy.skips(name):  # (behind it, or off a strided reader's stride)
+                        ds.queue.popleft()
+                        continue
                     if not ds.held and ds.policy.lead() == 0:
                         ds.held = True
                         self.stats.add(m.SCAN_HELD)

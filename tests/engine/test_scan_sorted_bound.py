@@ -1,7 +1,8 @@
 """A scan in name order fetches only the names just past its reader (``ScanPolicy.may_fetch``): a
 reader of the first files of a large directory, a rank's shard of it, or every other file of it is not
 given the whole directory from the source (before: every small file of the directory was fetched,
-up to half the RAM budget, for a reader that opened 100)."""
+up to half the RAM budget, for a reader that opened 100); a strided reader (every k-th name) gets the
+next names on its stride, and nothing between them."""
 
 from __future__ import annotations
 
@@ -48,12 +49,28 @@ def test_a_reader_of_the_first_files_gets_only_the_next_names_fetched(engine: En
     assert counter(engine, m.SCAN_HELD) == 0
 
 
-def test_a_reader_of_every_other_file_gets_no_scan_fetches(engine: Engine) -> None:
-    for i in range(0, 400, 2):
+def test_a_reader_skipping_names_irregularly_gets_no_scan_fetches(engine: Engine) -> None:
+    for i in (i for i in range(600) if i % 3 != 1):  # two names of every three: no stride, 2/3 < 4/5 passed
         read(engine, i)
     assert settle(engine) == 0
     assert counter(engine, m.SCAN_HELD) == 1
     assert counter(engine, m.SCANS) == 1
+
+
+def test_a_strided_reader_gets_only_the_names_on_its_stride(engine: Engine) -> None:
+    """A rank reading every 4th name (before: nothing fetched, it read each file from the source)."""
+    for i in range(1, 801, 4):  # rank 1 of 4
+        read(engine, i)
+    fetched = settle(engine)  # (held, perhaps, until its fifth open showed the stride: counted once)
+    assert counter(engine, m.SCAN_HELD) <= 1
+    assert 0 < fetched <= 200 + SORTED_LEAD_FILES
+    ahead = [i for i in range(801, FILES) if engine.scanner.meta(f"/d/f{i:05d}") is not None]
+    assert ahead == list(range(801, min(FILES, 801 + 4 * SORTED_LEAD_FILES), 4))[: len(ahead)]
+    assert len(ahead) >= SORTED_LEAD_FILES - 8  # (the lead, less the last fetches' race with settle)
+    served = counter(engine, m.BYTES_SERVED_CACHE)
+    for i in range(801, 801 + 4 * 100, 4):  # its next reads come from RAM
+        read(engine, i)
+    assert counter(engine, m.BYTES_SERVED_CACHE) - served == 100 * SIZE
 
 
 def test_a_shuffled_reader_still_gets_the_whole_directory(engine: Engine) -> None:

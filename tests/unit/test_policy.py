@@ -18,6 +18,7 @@ from fastfs.fsio.policy import (
     SEQ_MIN_BYTES,
     SORTED_LEAD_FILES,
     SORTED_MIN_USE,
+    STRIDE_CONFIRM,
     ZERO_BET_MIN,
     RangePlan,
     ScanPolicy,
@@ -307,10 +308,16 @@ def _fetchable(sp: ScanPolicy, names: list[str]) -> list[str]:
         ([5000, 5001, 5002, 5003], range(5004, 5004 + SORTED_LEAD_FILES)),
         # one name in five skipped: 4 of 5 passed, the bound still met
         ([0, 1, 2, 3, 5, 6, 7, 8], range(9, 9 + SORTED_LEAD_FILES)),
-        # every other name (a strided rank): nothing fetched ahead
+        # every other name, three steps: not a stride yet, and half the names passed: nothing fetched
         ([0, 2, 4, 6], []),
-        # every tenth name
-        ([0, 10, 20, 30], []),
+        # every other name, four steps (a strided rank): the next names on its stride
+        ([0, 2, 4, 6, 8], range(10, 10 + 2 * SORTED_LEAD_FILES, 2)),
+        # every tenth name from 3 (rank 3 of 10)
+        ([3, 13, 23, 33, 43], range(53, 53 + 10 * SORTED_LEAD_FILES, 10)),
+        # a stride broken by a step of another length: nothing (6 of 18 passed)
+        ([0, 4, 8, 12, 16, 17], []),
+        # steps that alternate (two names of every three): no stride, too few of the passed: nothing
+        ([0, 1, 3, 4, 6, 7, 9, 10], []),
     ],
 )
 def test_scan_policy_sorted_reader_fetches_only_next_names(opens: list[int], fetchable: range | list[int]):
@@ -385,23 +392,58 @@ def test_scan_policy_names_newer_than_the_listing_may_be_fetched():
     assert sp.may_fetch("zz-new")
 
 
+def _expected_fetch(opened: list[int], count: int) -> list[int]:
+    """What a scan may fetch for a reader in name order that opened the positions *opened*."""
+    last = opened[-1]
+    steps = [b - a for a, b in zip(opened, opened[1:], strict=False)][-STRIDE_CONFIRM:]
+    if len(steps) == STRIDE_CONFIRM and len(set(steps)) == 1 and steps[0] > 1:
+        return list(range(last + steps[0], min(count, last + 1 + steps[0] * SORTED_LEAD_FILES), steps[0]))
+    if len(opened) < SORTED_MIN_USE * (last - opened[0] + 1):
+        return []
+    return list(range(last + 1, min(count, last + 1 + SORTED_LEAD_FILES)))
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 1999), min_size=1, max_size=200, unique=True).map(sorted))
-def test_scan_policy_sorted_scan_fetches_at_most_a_lead_past_the_reader(opened: list[int]):
-    """Whatever subset a reader in name order opens, a scan fetches only names after its position,
-    at most SORTED_LEAD_FILES of them, and none once it skipped more than a fifth of those it passed."""
+@given(st.lists(st.integers(0, 1999), min_size=1, max_size=200, unique=True).map(sorted), st.booleans())
+def test_scan_policy_sorted_scan_fetches_at_most_a_lead_past_the_reader(opened: list[int], placed_first: bool):
+    """Whatever subset a reader in name order opens, a scan fetches only names after its position:
+    the SORTED_LEAD_FILES names after it, none once it skipped more than a fifth of those it passed,
+    or, after STRIDE_CONFIRM steps of one length k > 1, the next SORTED_LEAD_FILES names k apart.
+    Whether the listing was placed before the opens or after them makes no difference."""
     names = _names(2000)
+    sp = ScanPolicy(trigger=3)
+    if placed_first:
+        sp.place(names)
+    for i in opened:
+        sp.on_open(names[i])
+    if not placed_first:
+        sp.place(names)
+    allowed = [names.index(n) for n in _fetchable(sp, names)]
+    assert allowed == _expected_fetch(opened, len(names))
+    # the scan drops exactly the names it will not fetch while the reader goes on so
+    skipped = {names.index(n) for n in names if sp.skips(n)}
+    assert all(i <= opened[-1] for i in skipped) or sp.stride()
+    assert not skipped & set(allowed)
+    assert all(i in skipped for i in range(opened[-1] + 1))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 500), st.integers(2, 64), st.integers(STRIDE_CONFIRM + 1, 60))
+def test_scan_policy_strided_reader_gets_its_stride_alone(start: int, stride: int, count: int):
+    """A rank reading every *stride*-th name from *start*: only names on its stride are fetched ahead,
+    the SORTED_LEAD_FILES next of them, and every name between them is skipped."""
+    names = _names(5000)
+    opened = [p for p in range(start, len(names), stride)][:count]
     sp = ScanPolicy(trigger=3)
     sp.place(names)
     for i in opened:
         sp.on_open(names[i])
-    allowed = [names.index(n) for n in _fetchable(sp, names)]
-    assert all(opened[-1] < i <= opened[-1] + SORTED_LEAD_FILES for i in allowed)
-    passed = opened[-1] - opened[0] + 1
-    if len(opened) < SORTED_MIN_USE * passed:
-        assert allowed == []
-    else:
-        assert allowed == list(range(opened[-1] + 1, min(2000, opened[-1] + 1 + SORTED_LEAD_FILES)))
+    assert sp.stride() == stride
+    last = opened[-1]
+    ahead = list(range(last + stride, len(names), stride))[:SORTED_LEAD_FILES]
+    assert [names.index(n) for n in _fetchable(sp, names)] == ahead
+    assert all(sp.skips(names[i]) for i in range(last + 1, last + stride * 3) if (i - last) % stride)
+    assert not any(sp.skips(names[i]) for i in ahead)
 
 
 def test_scan_policy_epoch():
