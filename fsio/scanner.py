@@ -148,6 +148,7 @@ class DirScan:
     sized: int = 0  # files this scan fetched, and their capacity in all (the mean estimates fetches in flight)
     sized_bytes: int = 0
     held: bool = False  # counted once in SCAN_HELD: its reader in name order skipped names it passed
+    stride: int = 0  # the reader's stride last told in the decision log (0: none)
 
 
 class Scanner:
@@ -540,6 +541,11 @@ class Scanner:
                 if name in ds.policy.opened:
                     ds.queue.popleft()
                     continue
+                stride = ds.policy.stride()
+                if stride != ds.stride:
+                    ds.stride = stride
+                    if stride:
+                        self.trace("%s: scan follows a strided reader: every %d-th name", dir_path, stride)
                 if not ds.policy.may_fetch(name):  # (a reader in name order: only its next names)
                     if ds.policy.skips(name):  # (behind it, or off a strided reader's stride)
                         ds.queue.popleft()
