@@ -720,6 +720,8 @@ GLUSTER_STATS_DIR = "/var/lib/glusterd/stats"
 # counters() call (the harness reads counters outside any timing).
 GLUSTER_DUMP_INTERVAL = 1
 GLUSTER_DUMP_WAIT = 5.0
+# Reads of a dump that lacks its closing counters (caught while written) before taking it as it is.
+GLUSTER_READ_TRIES = 20
 # Files copied into the volume at once (the client creates each with a few round trips).
 GLUSTER_COPY_THREADS = 8
 # The brick: posix storage, locks, io-threads, io-stats (counting), the server. The brick directory
@@ -845,11 +847,13 @@ class GlusterStats:
                 if os.stat(self.path).st_mtime > asked + 0.05:
                     break
             time.sleep(POLL_INTERVAL)
-        try:
-            with open(self.path) as f:
+        text = ""
+        for _ in range(GLUSTER_READ_TRIES):  # (a dump read while the brick writes it lacks its last keys)
+            with contextlib.suppress(FileNotFoundError), open(self.path) as f:
                 text = f.read()
-        except FileNotFoundError:
-            text = ""
+            if _GLUSTER_READ.search(text):
+                break
+            time.sleep(POLL_INTERVAL)
         out: dict[str, int] = {}  # (the dump's "aggr" keys are cumulative since the brick started)
         for name, count in _GLUSTER_FOP.findall(text):
             if name != "weighted_fop_count":
