@@ -580,10 +580,7 @@ class ScanPolicy:
         """May the scan fetch *name* now? Always, unless :meth:`bounded`; then only a name within
         :meth:`lead` names after the reader's position, or, for a strided reader, one of the next
         :meth:`lead` names on its stride (a name the listing lacks: yes)."""
-        if not self.bounded():
-            return True
-        assert self.index is not None
-        i = self.index.get(name)
+        i = self._bounded_position(name)
         if i is None:
             return True
         stride = self.stride()
@@ -591,14 +588,19 @@ class ScanPolicy:
             return self.last < i <= self.last + self.lead() * stride and (i - self.last) % stride == 0
         return self.last < i <= self.last + self.lead()
 
+    def _bounded_position(self, name: str) -> int | None:
+        """*name*'s position in the placed listing when :meth:`bounded` bounds this scan, else None
+        (not bounded, or a name the listing lacks)."""
+        if not self.bounded():
+            return None
+        assert self.index is not None
+        return self.index.get(name)
+
     def skips(self, name: str) -> bool:
         """True when a bounded scan will not fetch *name* while its reader goes on as it does: the
         name is behind the reader in name order, or between two names on a strided reader's stride
         (the scan drops it from its queue; later names are fetched as the reader comes near them)."""
-        if not self.bounded():
-            return False
-        assert self.index is not None
-        i = self.index.get(name)
+        i = self._bounded_position(name)
         if i is None:
             return False
         if i <= self.last:

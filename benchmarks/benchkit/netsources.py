@@ -612,10 +612,8 @@ def _s3_client(endpoint: str) -> Any:
     )
 
 
-def upload_tree(endpoint: str, data_dir: str, paths: Iterable[str]) -> int:
-    """Upload files (and directories' files) at *paths* (relative to *data_dir*) as keys; returns bytes."""
-    from boto3.s3.transfer import TransferConfig
-
+def _tree_files(data_dir: str, paths: Iterable[str]) -> list[str]:
+    """The files at *paths* (relative to *data_dir*; a directory's files, all the way down), relative."""
     files: list[str] = []
     for rel in sorted(set(paths)):
         full = os.path.join(data_dir, rel)
@@ -624,6 +622,20 @@ def upload_tree(endpoint: str, data_dir: str, paths: Iterable[str]) -> int:
                 files += [os.path.relpath(os.path.join(d, n), data_dir) for n in names]
         elif os.path.exists(full):
             files.append(rel)
+    return files
+
+
+def _put_each(put: Callable[[str], int], files: list[str], threads: int) -> int:
+    """``put`` every file on *threads* threads; the sum of what it returns (bytes)."""
+    with ThreadPoolExecutor(threads) as ex:
+        return sum(ex.map(put, files))
+
+
+def upload_tree(endpoint: str, data_dir: str, paths: Iterable[str]) -> int:
+    """Upload files (and directories' files) at *paths* (relative to *data_dir*) as keys; returns bytes."""
+    from boto3.s3.transfer import TransferConfig
+
+    files = _tree_files(data_dir, paths)
     client = _s3_client(endpoint)
     cfg = TransferConfig(multipart_threshold=UPLOAD_PART, multipart_chunksize=UPLOAD_PART, max_concurrency=4)
 
@@ -632,8 +644,7 @@ def upload_tree(endpoint: str, data_dir: str, paths: Iterable[str]) -> int:
         client.upload_file(full, S3_BUCKET, rel.replace(os.sep, "/"), Config=cfg)
         return os.path.getsize(full)
 
-    with ThreadPoolExecutor(UPLOAD_THREADS) as ex:
-        return sum(ex.map(put, files))
+    return _put_each(put, files, UPLOAD_THREADS)
 
 
 @contextlib.contextmanager
@@ -866,26 +877,17 @@ class GlusterStats:
 
 def _copy_into(mnt: str, data_dir: str, paths: Iterable[str]) -> int:
     """Copy *paths* (relative to *data_dir*; directories whole) into the volume mounted at *mnt*."""
-    files: list[str] = []
-    for rel in sorted(set(paths)):
-        full = os.path.join(data_dir, rel)
-        if os.path.isdir(full):
-            for d, dirs, names in os.walk(full):
-                for sub in dirs:
-                    os.makedirs(os.path.join(mnt, os.path.relpath(os.path.join(d, sub), data_dir)), exist_ok=True)
-                files += [os.path.relpath(os.path.join(d, n), data_dir) for n in names]
-        elif os.path.exists(full):
-            files.append(rel)
+    files = _tree_files(data_dir, paths)
     for rel in files:
         os.makedirs(os.path.dirname(os.path.join(mnt, rel)) or mnt, exist_ok=True)
 
     def put(rel: str) -> int:
-        shutil.copyfile(os.path.join(data_dir, rel), os.path.join(mnt, rel))
-        shutil.copystat(os.path.join(data_dir, rel), os.path.join(mnt, rel))
-        return os.path.getsize(os.path.join(data_dir, rel))
+        src, dst = os.path.join(data_dir, rel), os.path.join(mnt, rel)
+        shutil.copyfile(src, dst)
+        shutil.copystat(src, dst)
+        return os.path.getsize(src)
 
-    with ThreadPoolExecutor(GLUSTER_COPY_THREADS) as ex:
-        return sum(ex.map(put, files))
+    return _put_each(put, files, GLUSTER_COPY_THREADS)
 
 
 @contextlib.contextmanager
