@@ -597,16 +597,14 @@ class ScanPolicy:
         return self.index.get(name)
 
     def skips(self, name: str) -> bool:
-        """True when a bounded scan will not fetch *name* while its reader goes on as it does: the
-        name is behind the reader in name order, or between two names on a strided reader's stride
-        (the scan drops it from its queue; later names are fetched as the reader comes near them)."""
+        """True when a scan of a strided reader will not fetch *name* while the reader goes on as it
+        does: the name is behind the reader, or off its stride (the scan drops it from its queue;
+        the names on the stride are fetched as the reader comes near them). Any other bounded scan
+        keeps such a name queued: a reader that leaves name order later (a shuffle after a few
+        opens in order) gets it fetched then."""
         i = self._bounded_position(name)
-        if i is None:
-            return False
-        if i <= self.last:
-            return True
         stride = self.stride()
-        return stride > 0 and (i - self.last) % stride != 0
+        return i is not None and stride > 0 and (i <= self.last or (i - self.last) % stride != 0)
 
     def epoch_over(self, name: str, known: int) -> bool:
         """A re-open of ``name`` after most of the ``known`` files were read: a new pass began."""

@@ -422,9 +422,11 @@ def test_scan_policy_sorted_scan_fetches_at_most_a_lead_past_the_reader(opened: 
     assert allowed == _expected_fetch(opened, len(names))
     # the scan drops exactly the names it will not fetch while the reader goes on so
     skipped = {names.index(n) for n in names if sp.skips(n)}
-    assert all(i <= opened[-1] for i in skipped) or sp.stride()
     assert not skipped & set(allowed)
-    assert all(i in skipped for i in range(opened[-1] + 1))
+    if sp.stride():  # a strided reader's scan drops the names behind it and off its stride
+        assert all(i in skipped for i in range(opened[-1] + 1))
+    else:  # any other keeps every name queued (a reader may leave name order later)
+        assert not skipped
 
 
 @settings(max_examples=100, deadline=None)
