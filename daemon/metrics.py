@@ -117,6 +117,11 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
         "Scans in name order that stopped fetching ahead: their reader skipped names it passed.",
     ),
     (
+        fstats.SCAN_SERIAL,
+        "scans_serial_total",
+        "Scans of a shuffled reader stopped: the source answered their fetches one at a time.",
+    ),
+    (
         fstats.SCAN_AWAITED,
         "opens_awaited_scan_total",
         "Opens that waited for the scan's fetch of their file under way instead of opening the source again.",

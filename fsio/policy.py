@@ -606,6 +606,15 @@ class ScanPolicy:
         stride = self.stride()
         return i is not None and stride > 0 and (i <= self.last or (i - self.last) % stride != 0)
 
+    def windowed(self) -> bool:
+        """True when this scan's fetches in flight follow a :class:`ScanWindow`: its reader opened
+        names out of name order (shuffled, several workers, or any order the names do not tell) and
+        no learned set is replayed. Such a reader may read any part of the directory, so the scan
+        may fetch much that is never read, and on a source that queues requests the reader's own
+        would wait behind it. A reader in name order (whose scan fetches its next names), a scan
+        ahead of a walk (no reader yet) and a replay (the set read last time) are not windowed."""
+        return bool(self.opened) and not self.in_order and not self.replaying
+
     def epoch_over(self, name: str, known: int) -> bool:
         """A re-open of ``name`` after most of the ``known`` files were read: a new pass began."""
         return name in self.opened and known > 0 and len(self.opened) >= EPOCH_FRACTION * known
@@ -660,6 +669,125 @@ SORTED_MIN_USE = 0.8
 # strided: four equal steps are no accident of a reader skipping names (a shuffled or irregular reader
 # shows steps that differ), and a rank of a strided shard shows them after five opens.
 STRIDE_CONFIRM = 4
+
+# Fetches in flight a windowed scan starts with (ScanWindow): one, so its first round measures a fetch
+# with none of the scan's ahead of it (the base every later round is compared with).
+SCAN_WINDOW_START = 1
+# Mean fetches in flight of a round that measures the base (ScanWindow.base): a round at window 1.
+SCAN_WINDOW_BASE_FLIGHT = 1.5
+# Fetches a window adjusts on at least (the median of a round of noisy times decides).
+SCAN_WINDOW_ROUND = 8
+# The source's queue a window keeps, in fetches (Vegas): grown at SCAN_WINDOW_QUEUE_LOW or below, shrunk
+# above SCAN_WINDOW_QUEUE_HIGH. A fetch that waits behind one more is one more round trip the
+# shuffled reader's own request may wait too.
+SCAN_WINDOW_QUEUE_LOW = 1.25
+SCAN_WINDOW_QUEUE_HIGH = 2.0
+# ... or, for a wide window, these shares of it (a base a tenth off, from noisy times, reads as a
+# tenth of the window queued: a window of 32 would otherwise shrink on noise alone).
+SCAN_WINDOW_QUEUE_LOW_SHARE = 0.125
+SCAN_WINDOW_QUEUE_HIGH_SHARE = 0.25
+# Fetches a source overlaps, at most, for a windowed scan to stop (window 0). One that answers them one
+# at a time (rclone's mount of small files, a CPU-bound object server) shows 1 to 1.5 (a fetch behind k
+# others takes k + 1 times a lone one; the reader's own requests in the same queue slow the lone one
+# too); one that overlaps 3 shows 2.25 or more, so 1.75 parts them (one that overlaps 2 may be
+# stopped while its reader keeps it busy). There a shuffled reader's scan gains nothing (the source's
+# one queue does the same work either way) and its fetches of names never read are the reader's wait
+# (a shuffled tenth over rclone: 0.12x direct with 32 in flight).
+SCAN_WINDOW_SERIAL = 1.75
+# The stop test's rounds: at least this many in flight (with 1 or 2 a source overlapping 2 cannot be
+# told from one overlapping 1 through noisy times) ...
+SCAN_WINDOW_SERIAL_TEST = 3
+# ... by a window never larger than this (noise lets one of 3 on a source answering one at a time grow
+# to 4 for a round; a source that let it grow past overlaps 3 or more, and a later slow round is the
+# host's noise or the source's load, which shrinks the window but stops no scan).
+SCAN_WINDOW_SERIAL_PEAK = 4
+# Rounds in a row that must show the source answering one at a time before the scan stops (one round
+# of 8 fetches can be slow on a busy host).
+SCAN_WINDOW_SERIAL_ROUNDS = 2
+
+
+@dataclass
+class ScanWindow:
+    """How many fetches a windowed scan (:meth:`ScanPolicy.windowed`) keeps in flight: as many as
+    the source overlaps, and not many more (TCP Vegas's rule on fetch times).
+
+    Every fetch reports how long it took and how many of the scan's fetches were in flight when it
+    ended (``done``); a round is at least :data:`SCAN_WINDOW_ROUND` fetches and one window. The
+    window starts at 1, and ``base`` is the lowest median time of a round at window 1: the source's
+    time for one fetch with none of the scan's waiting ahead of it (a median, not the quickest
+    fetch: fetch times spread by a third on a busy host, and the quickest would make every later
+    round look queued). Each later round estimates the fetches queued at the source as ``in flight
+    x (1 - base / median time)``: none while the source overlaps them all (their times stay at the
+    base), the whole window less one on a source that answers one at a time (the times grow with
+    the window).
+    At most :data:`SCAN_WINDOW_QUEUE_LOW` queued: the window grows by half (the source has room; it
+    doubles until the first round that did not grow it, as TCP's slow start: a source overlapping 30
+    fetches gets them after five rounds);
+    more than :data:`SCAN_WINDOW_QUEUE_HIGH`: it shrinks by a quarter, to 1 at least (a wide window
+    keeps a share of itself queued instead, :data:`SCAN_WINDOW_QUEUE_HIGH_SHARE`: noise). So a source
+    that overlaps 10 fetches gets 10 to 15 in flight, and the reader's own request waits behind one
+    or two of the scan's, wherever the scan may be fetching names it never reads.
+
+    The same round tells the fetches the source overlaps: ``in flight x base / median time``.
+    :data:`SCAN_WINDOW_SERIAL_ROUNDS` rounds in a row of :data:`SCAN_WINDOW_SERIAL_TEST` in flight, by a
+    window never larger than :data:`SCAN_WINDOW_SERIAL_PEAK`, that show fewer than
+    :data:`SCAN_WINDOW_SERIAL` stop the scan (window 0, ``stopped``): a source that answers one fetch at
+    a time does the reader's work and the scan's in one queue, so the scan cannot get ahead of the
+    reader and only adds its names the reader never opens. The scan's next epoch measures again. Pure:
+    the scanner measures the times.
+    """
+
+    most: int  # the window's upper bound (the scanner's SCAN_PARALLEL)
+    size: int = SCAN_WINDOW_START
+    base: float = float("inf")  # seconds: the lowest median of a round at window 1 (inf: none yet)
+    times: list[float] = field(default_factory=list)  # this round's fetch times
+    inflight: int = 0  # this round's sum of fetches in flight as each ended
+    peak: int = 0  # the largest window so far
+    starting: bool = True  # no round has held or shrunk the window yet (it doubles: slow start)
+    serial: int = 0  # stop-test rounds in a row that showed a source answering one fetch at a time
+
+    def __post_init__(self) -> None:
+        self.size = max(1, min(self.size, self.most))
+        self.peak = self.size
+
+    @property
+    def stopped(self) -> bool:
+        return self.size == 0
+
+    def done(self, seconds: float, inflight: int) -> int:
+        """A fetch took *seconds*, ending with *inflight* fetches of the scan in flight (itself
+        included); returns the window (changed at the end of a round; 0: stopped)."""
+        if self.stopped:
+            return 0
+        self.times.append(seconds)
+        self.inflight += inflight
+        if len(self.times) < max(self.size, SCAN_WINDOW_ROUND):
+            return self.size
+        times = sorted(self.times)
+        median = times[len(times) // 2]
+        flight = self.inflight / len(times)
+        self.times.clear()
+        self.inflight = 0
+        if flight <= SCAN_WINDOW_BASE_FLIGHT:
+            self.base = min(self.base, median)
+        if self.base == float("inf"):
+            return self.size  # (no round at window 1 yet: a scan windowed while more were in flight)
+        overlapped = flight * min(1.0, self.base / median) if median > 0 else flight
+        queued = flight - overlapped
+        testing = flight >= SCAN_WINDOW_SERIAL_TEST and self.peak <= SCAN_WINDOW_SERIAL_PEAK
+        if testing:  # (a round at a smaller window neither counts nor breaks the run)
+            self.serial = self.serial + 1 if overlapped < SCAN_WINDOW_SERIAL else 0
+        if self.serial >= SCAN_WINDOW_SERIAL_ROUNDS:
+            self.size = 0
+        elif queued <= max(SCAN_WINDOW_QUEUE_LOW, flight * SCAN_WINDOW_QUEUE_LOW_SHARE):
+            self.size = min(self.most, self.size * 2 if self.starting else self.size + max(1, self.size // 2))
+        elif queued > max(SCAN_WINDOW_QUEUE_HIGH, flight * SCAN_WINDOW_QUEUE_HIGH_SHARE):
+            self.size = max(1, self.size - max(1, self.size // 4))
+            self.starting = False
+        else:
+            self.starting = False
+        self.peak = max(self.peak, self.size)
+        return self.size
 
 
 # -- open routes ---------------------------------------------------------------------------------

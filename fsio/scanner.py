@@ -4,7 +4,10 @@ Opens are fed to a per-directory :class:`~fastfs.fsio.policy.ScanPolicy` (:meth:
 when it detects a scan (several files of one directory opened in a short span), the directory is
 listed and its remaining small files are fetched whole in the planned order on the pool, keeping
 at most :data:`SCAN_LEAD_FILES` (and 1/:data:`SCAN_BUDGET_SHARE` of the RAM budget) ahead of the
-reader and :data:`SCAN_PARALLEL` fetches in flight (:meth:`Scanner._pump`). A reader in name order
+reader and :data:`SCAN_PARALLEL` fetches in flight (:meth:`Scanner._pump`); a reader out of name order
+(shuffled, several workers), which may read any part of the directory, has only as many in flight as
+the source overlaps (a :class:`~fastfs.fsio.policy.ScanWindow` fed each fetch's time), and its scan
+stops on a source that answers one fetch at a time (:meth:`Scanner._window_done`). A reader in name order
 is fetched only the names just past it (a strided one, every k-th name, the next names on its
 stride), and none while it skips names otherwise (:meth:`~fastfs.fsio.policy.ScanPolicy.may_fetch`);
 all scans together evict nothing to fetch while the mount's prefetched bytes not read yet fill their
@@ -67,7 +70,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from fastfs.config.schema import FuseConfig, ReadaheadConfig
+from fastfs.config.schema import MAX_SCAN_WINDOW, FuseConfig, ReadaheadConfig
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import BlockCache, round_up
 from fastfs.fsio.dirs import Dirent, DirListings, parent_of
@@ -75,7 +78,7 @@ from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.fills import Fills
 from fastfs.fsio.handover import scans_wanted
 from fastfs.fsio.latch import Latch
-from fastfs.fsio.policy import ScanPolicy, Siblings
+from fastfs.fsio.policy import ScanPolicy, ScanWindow, Siblings
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.source import FileKey, Source, SourceFile, split, stat_key
 from fastfs.fsio.trace import DecisionLog
@@ -99,8 +102,9 @@ SCAN_BUDGET_SHARE = 2
 # itself, one source round trip each (1.38x direct on serial-lookup storage instead of ~2.5x). The
 # bytes ahead are bounded by the budget share (SCAN_BUDGET_SHARE), the names by the plan.
 SCAN_LEAD_FILES = 100_000
-# Scan fetches in flight per directory (enough to overlap 1.5 ms round trips).
-SCAN_PARALLEL = 32
+# Scan fetches in flight per directory, at most (config.schema's MAX_SCAN_WINDOW: enough to overlap 1.5 ms
+# round trips); a windowed scan (ScanPolicy.windowed) keeps its ScanWindow's or readahead.scan_window.
+SCAN_PARALLEL = MAX_SCAN_WINDOW
 # Seconds an open waits, at most, for a scan's fetch of the same file already under way before it
 # opens the source itself: a fetch under way is at most SCAN_PARALLEL round trips from done (~25 ms
 # of serialised 0.8 ms lookups); a fetch slower than this has a stalled source, where the open's own
@@ -149,6 +153,18 @@ class DirScan:
     sized_bytes: int = 0
     held: bool = False  # counted once in SCAN_HELD: its reader in name order skipped names it passed
     stride: int = 0  # the reader's stride last told in the decision log (0: none)
+    window: ScanWindow | None = None  # fetches in flight of a windowed scan (made at its first fetch)
+
+    def parallel(self, fixed: int = 0) -> int:
+        """Fetches this scan keeps in flight at most (the caller holds ``lock``); *fixed*:
+        ``readahead.scan_window`` (0: measured by the scan's :class:`ScanWindow`)."""
+        if not self.policy.windowed():
+            return SCAN_PARALLEL
+        if fixed > 0:
+            return fixed
+        if self.window is None:
+            self.window = ScanWindow(SCAN_PARALLEL)
+        return self.window.size
 
 
 class Scanner:
@@ -404,6 +420,7 @@ class Scanner:
                 if old.replaying:  # (the set still says what the job reads, until learn's epoch replays it)
                     ds.policy.learn(old.learned)
                 ds.queue.clear()
+                ds.window = None  # (the next epoch's scan measures the source again)
                 ds.ahead.clear()
                 ds.ahead_bytes = 0
             start = ds.policy.on_open(name)
@@ -506,17 +523,28 @@ class Scanner:
         finally:
             self._pump(dir_path, ds, finished=counted)
 
-    def _pump(self, dir_path: str, ds: DirScan, finished: bool = False, fetched: tuple[str, int] | None = None) -> None:
-        """Keep up to SCAN_PARALLEL fetches in flight and SCAN_LEAD_FILES (and a share of the budget)
-        fetched ahead. *finished*: called by a fetch that ended, which leaves the in-flight count in
-        the same locked step that counts its successor, so ``inflight`` never reads 0 while a
-        finishing fetch is about to submit the next one (a scan seen idle is idle); *fetched*: the
-        name and cache capacity of the file it fetched, counted in that step too (one take of the
-        scan's lock per fetch: its pool workers queued on it)."""
+    def _pump(
+        self,
+        dir_path: str,
+        ds: DirScan,
+        finished: bool = False,
+        fetched: tuple[str, int] | None = None,
+        took: float | None = None,
+    ) -> None:
+        """Keep up to SCAN_PARALLEL fetches in flight (a windowed scan: its window's) and
+        SCAN_LEAD_FILES (and a share of the budget) fetched ahead. *finished*: called by a fetch
+        that ended, which leaves the in-flight count in the same locked step that counts its
+        successor, so ``inflight`` never reads 0 while a finishing fetch is about to submit the next
+        one (a scan seen idle is idle); *fetched*: the name and cache capacity of the file it
+        fetched, counted in that step too (one take of the scan's lock per fetch: its pool workers
+        queued on it); *took*: the seconds that fetch took (what a windowed scan's window adjusts
+        on)."""
         prefix = dir_path.rstrip("/") + "/"
         while True:
             with ds.lock:
                 if finished:
+                    if took is not None and ds.policy.windowed() and not self.readahead.scan_window:
+                        self._window_done(dir_path, ds, took)
                     ds.inflight -= 1
                     finished = False
                     if fetched is not None:
@@ -528,7 +556,7 @@ class Scanner:
                             ds.ahead_bytes += capacity
                 if (
                     not ds.queue
-                    or ds.inflight >= SCAN_PARALLEL
+                    or ds.inflight >= ds.parallel(self.readahead.scan_window)
                     or len(ds.ahead) >= SCAN_LEAD_FILES
                     # fetches in flight count at the mean size fetched so far (the largest a scan
                     # fetches before the first): their own sizes come later
@@ -577,6 +605,35 @@ class Scanner:
                     self.stats.add(m.BACKPRESSURE)
                     return
 
+    def _window_done(self, dir_path: str, ds: DirScan, took: float) -> None:
+        """A windowed scan's fetch took *took* seconds: its window adjusts (the caller holds
+        ``ds.lock``, the fetch still counted in flight). A window of 0 ends the scan: its queue is
+        dropped (the reader opens the rest itself; the next epoch's scan measures again)."""
+        before = ds.parallel()
+        assert ds.window is not None
+        after = ds.window.done(took, ds.inflight)
+        if after == before:
+            return
+        base, now = ds.window.base * 1e3, took * 1e3
+        if after == 0:
+            ds.queue.clear()
+            self.stats.add(m.SCAN_SERIAL)
+            self.trace(
+                "%s: scan of a shuffled reader stopped: the source answers its fetches one at a time"
+                " (%.1f ms a fetch alone, %.1f ms now)",
+                dir_path,
+                base,
+                now,
+            )
+        else:
+            self.trace(
+                "%s: scan of a shuffled reader: %d fetches in flight (%.1f ms a fetch alone, %.1f ms now)",
+                dir_path,
+                after,
+                base,
+                now,
+            )
+
     def _mount_share_full(self, size: int) -> bool:
         """True when a scan fetch of *size* bytes would evict to make room while the mount's prefetched
         bytes not read yet already fill their share (:data:`SCAN_BUDGET_SHARE`): the fetch waits for
@@ -606,6 +663,7 @@ class Scanner:
         opened it while the fetch waited for a worker: that open asked the source itself, and a
         second open of it here would be one more round trip for bytes the reader's own read fetches)."""
         fetched: tuple[str, int] | None = None
+        took: float | None = None
         try:
             if self.closed:
                 return
@@ -619,13 +677,16 @@ class Scanner:
                     return
                 self._fetching[path] = done
             try:
+                began = self.clock()
                 fetched = self._fetch_whole(ds, path)
+                if fetched is not None:
+                    took = self.clock() - began
             finally:
                 with self._meta_lock:
                     del self._fetching[path]
                 done.set()
         finally:
-            self._pump(dir_path, ds, finished=True, fetched=fetched)
+            self._pump(dir_path, ds, finished=True, fetched=fetched, took=took)
 
     def _fetch_whole(self, ds: DirScan, path: str) -> tuple[str, int] | None:
         """The fetch of :meth:`_scan_fetch`: one open, one pread into block 0, the metadata remembered;

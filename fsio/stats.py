@@ -49,6 +49,8 @@ WALK_AHEAD = "walk_ahead_scans"  # directories scanned ahead of a walk of their 
 SCAN_SKIPPED = "small_file_scan_skipped"  # queued scan fetches not made: the reader opened the file first
 # scans in name order that stopped fetching ahead: their reader skipped more than a fifth of the names it passed
 SCAN_HELD = "small_file_scans_held"
+# scans of a shuffled reader stopped: the source answered their fetches one at a time (ScanWindow)
+SCAN_SERIAL = "small_file_scans_serial"
 SCAN_AWAITED = "opens_awaited_scan"  # opens that waited for the scan's fetch of their file under way
 SCAN_AWAIT_TIMEOUTS = "opens_awaited_scan_timeouts"  # ... and gave up waiting (the open then asked the source)
 FORMAT_PLANS = "format_plans"  # opens whose header gave a prefetch plan
@@ -103,6 +105,7 @@ COUNTERS = (
     SCAN_FILES,
     SCAN_SKIPPED,
     SCAN_HELD,
+    SCAN_SERIAL,
     WALK_AHEAD,
     SCAN_AWAITED,
     SCAN_AWAIT_TIMEOUTS,

@@ -27,12 +27,16 @@ def make_files(directory: Path, count: int, size: int = SIZE, tag: str = "") -> 
 
 
 def scan_engine(tmp_path: Path, **overrides: str) -> Engine:
-    """An engine over ``tmp_path/src`` serving every read (no passthrough), learning off unless asked."""
+    """An engine over ``tmp_path/src`` serving every read (no passthrough), learning off unless asked,
+    and a shuffled reader's scan at a fixed 32 fetches in flight unless asked (``readahead.scan_window``:
+    fetches from tmpfs wait on each other for the interpreter, as on a source answering one at a time,
+    where a measured window stops such a scan; test_scan_window.py measures it)."""
     opts = {
         "state.dir": str(tmp_path / "state"),
         "cache.budget": "256M",
         "fuse.passthrough": "off",
         "readahead.learn": "false",
+        "readahead.scan_window": "32",
         **overrides,
     }
     return Engine(str(tmp_path / "src"), load_config(overrides=opts, use_default_path=False), Stats())

@@ -59,7 +59,7 @@ def test_config_file_errors_name_file_and_line(paths: tuple[Path, Path], tmp_pat
     assert _error(run_cli("mount", src, mnt, "--config", config)) == (
         f"{config}:5: readahead.max_windw: unknown key; did you mean max_window? (known: enabled, formats, "
         "initial_window, learn, local_scans, max_window, read_timeout, scan_max_files, scan_trigger, "
-        "small_file_max, source_direct_io, source_shape, source_streams, walk_ahead)"
+        "scan_window, small_file_max, source_direct_io, source_shape, source_streams, walk_ahead)"
     )
     config.write_text("fuse:\n  threads: 999\n")
     assert _error(run_cli("mount", src, mnt, "--config", config)) == (

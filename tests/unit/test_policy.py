@@ -15,6 +15,7 @@ from fastfs.fsio.policy import (
     RUN_CONFIRM,
     RUN_CROSS,
     RUN_MIN_LEAD,
+    SCAN_WINDOW_ROUND,
     SEQ_MIN_BYTES,
     SORTED_LEAD_FILES,
     SORTED_MIN_USE,
@@ -22,6 +23,7 @@ from fastfs.fsio.policy import (
     ZERO_BET_MIN,
     RangePlan,
     ScanPolicy,
+    ScanWindow,
     Siblings,
     StreamPolicy,
     listing_attributes,
@@ -446,6 +448,99 @@ def test_scan_policy_strided_reader_gets_its_stride_alone(start: int, stride: in
     assert [names.index(n) for n in _fetchable(sp, names)] == ahead
     assert all(sp.skips(names[i]) for i in range(last + 1, last + stride * 3) if (i - last) % stride)
     assert not any(sp.skips(names[i]) for i in ahead)
+
+
+def test_scan_policy_windows_only_a_reader_out_of_name_order():
+    """A shuffled reader's scan is windowed; one in name order, one with no reader yet (ahead of a
+    walk) and a replay of a learned set are not."""
+    sp = ScanPolicy(trigger=3)
+    assert not sp.windowed()  # (no reader yet)
+    for name in ("a", "b", "c"):
+        sp.on_open(name)
+    assert not sp.windowed()
+    sp.on_open("B")
+    assert sp.windowed()
+    sp.learn(frozenset({"a", "b", "c", "B"}))
+    assert not sp.windowed()
+
+
+def _source_times(overlap: int, window: int, reader: float, noise: float, rng: random.Random) -> float:
+    """One fetch's time on a source that overlaps *overlap* fetches and queues the rest in order
+    (1.0: a fetch alone), with *window* of the scan's and *reader* of its reader's requests in
+    flight, and times spread by +-*noise*."""
+    return max(1.0, (window + reader) / overlap) * (1 + rng.uniform(-noise, noise))
+
+
+def _run_window(overlap: int, fetches: int, reader: float = 0.0, noise: float = 0.0, seed: int = 0) -> list[int]:
+    """The windows a ScanWindow keeps over *fetches* on :func:`_source_times`'s source."""
+    rng = random.Random(seed)
+    window = ScanWindow(most=32)
+    sizes = []
+    for _ in range(fetches):
+        if window.stopped:
+            break
+        window.done(_source_times(overlap, window.size, reader, noise, rng), window.size)
+        sizes.append(window.size)
+    return sizes
+
+
+@pytest.mark.parametrize(
+    ("overlap", "low", "high"),
+    [
+        (2, 2, 4),  # the reader's request waits behind about one of the scan's
+        (3, 3, 6),
+        (10, 9, 15),
+        (40, 32, 32),  # more than the scan may have in flight: all of it
+    ],
+)
+def test_scan_window_keeps_what_the_source_overlaps(overlap: int, low: int, high: int):
+    """Steady fetch times: the window grows to what the source overlaps and a little more."""
+    sizes = _run_window(overlap, 600)
+    assert len(sizes) == 600  # never stopped
+    assert all(low <= w <= high for w in sizes[300:])
+
+
+def test_scan_window_starts_at_one_and_measures_its_base_there():
+    window = ScanWindow(most=32)
+    assert window.size == 1
+    for _ in range(SCAN_WINDOW_ROUND - 1):
+        assert window.done(0.002, 1) == 1
+    assert window.done(0.004, 1) == 2  # (a round at window 1: its median is the base)
+    assert window.base == 0.002
+
+
+def test_scan_window_windowed_while_more_were_in_flight_waits_for_a_base():
+    """A scan windowed with 32 fetches in flight already (its reader left name order) decides
+    nothing until a round at window 1 measured a fetch alone."""
+    window = ScanWindow(most=32)
+    for _ in range(3 * SCAN_WINDOW_ROUND):
+        assert window.done(0.032, 32) == 1  # (32 queued on a source answering one at a time)
+    assert not window.stopped
+    for _ in range(SCAN_WINDOW_ROUND):
+        window.done(0.001, 1)
+    assert window.size == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.0, 0.3), st.sampled_from([0.0, 0.5, 1.0]), st.integers(0, 2**32))
+def test_scan_window_stops_on_a_source_answering_one_at_a_time(noise: float, reader: float, seed: int):
+    """A source that overlaps nothing: the scan stops within a few rounds, whatever the noise and the
+    reader's own requests."""
+    sizes = _run_window(1, 400, reader=reader, noise=noise, seed=seed)
+    assert sizes[-1] == 0
+    assert len(sizes) <= 8 * SCAN_WINDOW_ROUND
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(3, 64), st.floats(0.0, 0.3), st.sampled_from([0.0, 0.5]), st.integers(0, 2**32))
+def test_scan_window_never_stops_on_a_source_that_overlaps(overlap: int, noise: float, reader: float, seed: int):
+    """A source that overlaps 3 or more fetches: never stopped, and once grown the window holds at
+    least 2 in 5 of what it overlaps (up to the scan's 32) and at most three times that."""
+    sizes = _run_window(overlap, 800, reader=reader, noise=noise, seed=seed)
+    assert len(sizes) == 800
+    kept = sizes[400:]
+    assert min(kept) >= 0.4 * min(overlap, 32)
+    assert max(kept) <= min(3 * overlap, 32)
 
 
 def test_scan_policy_epoch():
