@@ -2,7 +2,8 @@
 
 Nothing here does I/O, reads a clock or starts a thread, so every decision is testable with
 tables and property tests. The engine feeds each read request of an open file version into its
-:class:`StreamPolicy` and each open into the mount's :class:`ScanPolicy`, then carries out the
+:class:`StreamPolicy`, each open into the mount's :class:`ScanPolicy` (and each scan fetch's time into
+its :class:`ScanWindow`: how many fetches a shuffled reader's scan keeps in flight), then carries out the
 returned plan (subject to the cache budget) and reports back with :meth:`StreamPolicy.scheduled`.
 
 Streams. One file may be read by several streams at once (two processes, or one handle
@@ -711,22 +712,20 @@ class ScanWindow:
     """How many fetches a windowed scan (:meth:`ScanPolicy.windowed`) keeps in flight: as many as
     the source overlaps, and not many more (TCP Vegas's rule on fetch times).
 
-    Every fetch reports how long it took and how many of the scan's fetches were in flight when it
-    ended (``done``); a round is at least :data:`SCAN_WINDOW_ROUND` fetches and one window. The
-    window starts at 1, and ``base`` is the lowest median time of a round at window 1: the source's
-    time for one fetch with none of the scan's waiting ahead of it (a median, not the quickest
-    fetch: fetch times spread by a third on a busy host, and the quickest would make every later
-    round look queued). Each later round estimates the fetches queued at the source as ``in flight
-    x (1 - base / median time)``: none while the source overlaps them all (their times stay at the
-    base), the whole window less one on a source that answers one at a time (the times grow with
-    the window).
-    At most :data:`SCAN_WINDOW_QUEUE_LOW` queued: the window grows by half (the source has room; it
-    doubles until the first round that did not grow it, as TCP's slow start: a source overlapping 30
-    fetches gets them after five rounds);
-    more than :data:`SCAN_WINDOW_QUEUE_HIGH`: it shrinks by a quarter, to 1 at least (a wide window
-    keeps a share of itself queued instead, :data:`SCAN_WINDOW_QUEUE_HIGH_SHARE`: noise). So a source
-    that overlaps 10 fetches gets 10 to 15 in flight, and the reader's own request waits behind one
-    or two of the scan's, wherever the scan may be fetching names it never reads.
+    Every fetch reports how long it took and how many of the scan's fetches were in flight when it ended
+    (``done``); a round is at least :data:`SCAN_WINDOW_ROUND` fetches and one window. The window starts
+    at 1, and ``base`` is the lowest median time of a round at window 1: the source's time for one fetch
+    with none of the scan's waiting ahead of it (a median, not the quickest fetch: fetch times spread by
+    a third on a busy host, and the quickest would make every later round look queued). Each later round
+    estimates the fetches queued at the source as ``in flight x (1 - base / median time)``: none while
+    the source overlaps them all (their times stay at the base), the whole window less one on a source
+    that answers one at a time (the times grow with the window). At most :data:`SCAN_WINDOW_QUEUE_LOW`
+    queued: the window grows by half (the source has room; it doubles until the first round that did not
+    grow it, as TCP's slow start: a source overlapping 30 fetches gets them after five rounds); more
+    than :data:`SCAN_WINDOW_QUEUE_HIGH`: it shrinks by a quarter, to 1 at least (a wide window keeps a
+    share of itself queued instead, :data:`SCAN_WINDOW_QUEUE_HIGH_SHARE`: noise). So a source that
+    overlaps 10 fetches gets 10 to 15 in flight, and the reader's own request waits behind one or two of
+    the scan's, wherever the scan may be fetching names it never reads.
 
     The same round tells the fetches the source overlaps: ``in flight x base / median time``.
     :data:`SCAN_WINDOW_SERIAL_ROUNDS` rounds in a row of :data:`SCAN_WINDOW_SERIAL_TEST` in flight, by a
