@@ -676,7 +676,13 @@ STRIDE_CONFIRM = 4
 SCAN_WINDOW_START = 1
 # Mean fetches in flight of a round that measures the base (ScanWindow.base): a round at window 1.
 SCAN_WINDOW_BASE_FLIGHT = 1.5
-# Fetches a window adjusts on at least (the median of a round of noisy times decides).
+# Which of that round's times, quickest first, is the base: the second quickest of at least 8. Not the
+# median: where the reader's own requests share the source's one queue, half of a lone fetch's times
+# include waiting for the reader's (a base twice the source's time hides the scan's queue: the window
+# grew to 6 over a source answering one fetch at a time and never stopped). Not the quickest: one
+# lucky time would make every later round look queued (times spread by a third on a busy host).
+SCAN_WINDOW_BASE_RANK = 1
+# Fetches a window adjusts on at least (the mean of a round of noisy times decides).
 SCAN_WINDOW_ROUND = 8
 # The source's queue a window keeps, in fetches (Vegas): grown at SCAN_WINDOW_QUEUE_LOW or below, shrunk
 # above SCAN_WINDOW_QUEUE_HIGH. A fetch that waits behind one more is one more round trip the
@@ -714,10 +720,10 @@ class ScanWindow:
 
     Every fetch reports how long it took and how many of the scan's fetches were in flight when it ended
     (``done``); a round is at least :data:`SCAN_WINDOW_ROUND` fetches and one window. The window starts
-    at 1, and ``base`` is the lowest median time of a round at window 1: the source's time for one fetch
-    with none of the scan's waiting ahead of it (a median, not the quickest fetch: fetch times spread by
-    a third on a busy host, and the quickest would make every later round look queued). Each later round
-    estimates the fetches queued at the source as ``in flight x (1 - base / median time)``: none while
+    at 1, and ``base`` is the lowest second quickest time of a round at window 1
+    (:data:`SCAN_WINDOW_BASE_RANK`): the source's time for one fetch with nothing waiting ahead of it. Each later round
+    estimates the fetches queued at the source as ``in flight x (1 - base / mean time)`` (the mean: by
+    Little's law it grows with the queue however unfairly the source serves it): none while
     the source overlaps them all (their times stay at the base), the whole window less one on a source
     that answers one at a time (the times grow with the window). At most :data:`SCAN_WINDOW_QUEUE_LOW`
     queued: the window grows by half (the source has room; it doubles until the first round that did not
@@ -727,7 +733,7 @@ class ScanWindow:
     overlaps 10 fetches gets 10 to 15 in flight, and the reader's own request waits behind one or two of
     the scan's, wherever the scan may be fetching names it never reads.
 
-    The same round tells the fetches the source overlaps: ``in flight x base / median time``.
+    The same round tells the fetches the source overlaps: ``in flight x base / mean time``.
     :data:`SCAN_WINDOW_SERIAL_ROUNDS` rounds in a row of :data:`SCAN_WINDOW_SERIAL_TEST` in flight, by a
     window never larger than :data:`SCAN_WINDOW_SERIAL_PEAK`, that show fewer than
     :data:`SCAN_WINDOW_SERIAL` stop the scan (window 0, ``stopped``): a source that answers one fetch at
@@ -738,7 +744,7 @@ class ScanWindow:
 
     most: int  # the window's upper bound (the scanner's SCAN_PARALLEL)
     size: int = SCAN_WINDOW_START
-    base: float = float("inf")  # seconds: the lowest median of a round at window 1 (inf: none yet)
+    base: float = float("inf")  # seconds: the lowest second quickest time of a round at window 1 (inf: none)
     times: list[float] = field(default_factory=list)  # this round's fetch times
     inflight: int = 0  # this round's sum of fetches in flight as each ended
     peak: int = 0  # the largest window so far
@@ -763,15 +769,17 @@ class ScanWindow:
         if len(self.times) < max(self.size, SCAN_WINDOW_ROUND):
             return self.size
         times = sorted(self.times)
-        median = times[len(times) // 2]
+        mean = sum(times) / len(times)
         flight = self.inflight / len(times)
         self.times.clear()
         self.inflight = 0
         if flight <= SCAN_WINDOW_BASE_FLIGHT:
-            self.base = min(self.base, median)
+            self.base = min(self.base, times[SCAN_WINDOW_BASE_RANK])
         if self.base == float("inf"):
             return self.size  # (no round at window 1 yet: a scan windowed while more were in flight)
-        overlapped = flight * min(1.0, self.base / median) if median > 0 else flight
+        # (the round's mean: by Little's law it grows with the queue however the source orders it; a
+        # source that serves some fetches at once and starves others keeps a median at the base)
+        overlapped = flight * min(1.0, self.base / mean) if mean > 0 else flight
         queued = flight - overlapped
         testing = flight >= SCAN_WINDOW_SERIAL_TEST and self.peak <= SCAN_WINDOW_SERIAL_PEAK
         if testing:  # (a round at a smaller window neither counts nor breaks the run)
