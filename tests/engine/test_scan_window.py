@@ -6,9 +6,11 @@ opens waited behind them (0.12x direct over rclone)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,40 +61,45 @@ def slow_opens(engine: Engine, monkeypatch: pytest.MonkeyPatch, serial: bool) ->
     monkeypatch.setattr(engine.source, "open_file", open_file)
 
 
-def test_a_shuffled_reader_on_a_source_answering_one_at_a_time_has_its_scan_stopped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@contextlib.contextmanager
+def windowed_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, serial: bool) -> Iterator[Engine]:
+    """An engine with a measured window over FILES small files in /d, its source opens slowed
+    (:func:`slow_opens`)."""
     make_files(tmp_path / "src" / "d", FILES)
     engine = scan_engine(tmp_path, **{"readahead.scan_window": "0"})
     try:
-        slow_opens(engine, monkeypatch, serial=True)
-        subset = random.Random(7).sample(range(FILES), FILES // 10)
-        for i in subset:
-            read(engine, f"/d/f{i:05d}", body(i))
+        slow_opens(engine, monkeypatch, serial)
+        yield engine
+    finally:
+        engine.close()
+
+
+def read_each(engine: Engine, files: list[int]) -> None:
+    for i in files:
+        read(engine, f"/d/f{i:05d}", body(i))
+
+
+def test_a_shuffled_reader_on_a_source_answering_one_at_a_time_has_its_scan_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with windowed_engine(tmp_path, monkeypatch, serial=True) as engine:
+        read_each(engine, random.Random(7).sample(range(FILES), FILES // 10))
         fetched = settle(engine)
         assert counter(engine, m.SCANS) == 1
         # (before: 1,434 of the 1,500 files; now the rounds that measured the source, at windows 1 to 4: 34 in
         # 20 runs of 20 on this 2-core VM, more rounds on a busy host, where the times swing)
         assert fetched <= FILES // 10
         assert counter(engine, m.SCAN_SERIAL) == 1
-    finally:
-        engine.close()
 
 
 def test_a_shuffled_reader_on_a_source_that_overlaps_gets_the_directory_fetched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    make_files(tmp_path / "src" / "d", FILES)
-    engine = scan_engine(tmp_path, **{"readahead.scan_window": "0"})
-    try:
-        slow_opens(engine, monkeypatch, serial=False)
+    with windowed_engine(tmp_path, monkeypatch, serial=False) as engine:
         order = list(range(FILES))
         random.Random(8).shuffle(order)
-        for i in order:
-            read(engine, f"/d/f{i:05d}", body(i))
+        read_each(engine, order)
         assert counter(engine, m.SCAN_SERIAL) == 0
         # the window grew: most files were fetched ahead and the reader's opens answered from them
         assert counter(engine, m.SCAN_FILES) >= FILES // 2
         assert counter(engine, m.OPENS_FROM_META) + counter(engine, m.OPENS_DIR_VERIFIED) >= FILES // 2
-    finally:
-        engine.close()
