@@ -13,8 +13,9 @@ stride), and none while it skips names otherwise (:meth:`~fastfs.fsio.policy.Sca
 all scans together evict nothing to fetch while the mount's prefetched bytes not read yet fill their
 share of the budget (:meth:`Scanner._mount_share_full`).
 With learning on, the set of files each directory's readers opened is recorded and, on the next
-epoch or after a remount, a scan of that set starts on the first open; only opens outside it start a
-scan of the rest.
+epoch or after a remount, a scan of that set starts on the first open (:meth:`Scanner._start_replay`:
+after one listing of the directory, which tells the source's client every name at once, and drops
+the names gone since); only opens outside it start a scan of the rest.
 
 Each fetch remembers the file's metadata (:class:`MetaEntry`), and so does each lookup that asks the
 source (:meth:`Scanner.lstat`, :meth:`Scanner.lstat_many`). Remembered metadata answers lookups and
@@ -66,7 +67,7 @@ import stat
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -80,6 +81,7 @@ from fastfs.fsio.handover import scans_wanted
 from fastfs.fsio.latch import Latch
 from fastfs.fsio.policy import ScanPolicy, ScanWindow, Siblings
 from fastfs.fsio.pool import PreadPool
+from fastfs.fsio.shape import replay_lists
 from fastfs.fsio.source import FileKey, Source, SourceFile, split, stat_key
 from fastfs.fsio.trace import DecisionLog
 
@@ -432,12 +434,13 @@ class Scanner:
                 learned = self.learn.plan(dir_path)
         if learned is not None:
             self.trace("%s: replaying the learned access set of last epoch (%d files)", dir_path, len(learned.names))
-            names = self._stale_names(dir_path, learned.names)
             with ds.lock:
                 ds.policy.learn(frozenset(learned.names))  # (fetched in any order; opens in it start no scan)
-                ds.queue.extend(n for n in names if n not in ds.policy.opened)
                 ds.known = max(ds.known, len(learned.names))
-            self._pump(dir_path, ds)
+                ds.inflight += 1  # the listing job counts as a fetch in flight until it hands over
+            names = learned.names
+            if not self.pool.submit_prefetch(lambda: self._start_replay(dir_path, ds, names)):
+                self._start_replay(dir_path, ds, names, listed=False)  # (the pool is full: as learned)
         if arrived and len(parts) > 1 and self.readahead.walk_ahead > 0 and self.dirs is not None:
             self._arrived(dir_path)
         if start:
@@ -504,10 +507,7 @@ class Scanner:
         job that the caller counted in ``ds.inflight``, handed over to the first fetch by
         :meth:`_pump` however the listing ends."""
         try:
-            if self.dirs is not None:  # the listing the kernel's listings share (one stat when unchanged)
-                listing = [entry[0] for entry in self.dirs.listing(dir_path)]
-            else:
-                listing = self.source.listdir(dir_path)
+            listing = self._listing(dir_path)
             known = len(listing)
             whole = listing
             listing = self._stale_names(dir_path, listing)
@@ -522,6 +522,38 @@ class Scanner:
             pass  # (no listing: nothing queued; what an earlier plan queued is still fetched)
         finally:
             self._pump(dir_path, ds, finished=counted)
+
+    def _start_replay(self, dir_path: str, ds: DirScan, names: Sequence[str], listed: bool = True) -> None:
+        """Pool job of a replay: list the directory (:func:`~fastfs.fsio.shape.replay_lists`: one
+        listing the kernel's share, which tells the source's client every name at once, so it opens
+        each file of the set without a lookup of its own), queue the learned *names* it still holds
+        whose metadata is not at hand, and start the fetches. Unlisted (an error, or a client whose
+        listing asks about every entry, or *listed* False), the set is queued as learned. Counted in ``ds.inflight`` by
+        the caller, handed over to the first fetch by :meth:`_pump` however the listing ends."""
+        try:
+            if listed and replay_lists(self.source.mount_type):
+                try:
+                    listing = self._listing(dir_path)
+                except OSError:
+                    pass
+                else:
+                    present = set(listing)
+                    names = [n for n in names if n in present]  # (a file gone since is not opened)
+                    with ds.lock:
+                        ds.known = max(ds.known, len(listing))
+            stale = self._stale_names(dir_path, names)
+            with ds.lock:
+                queued = set(ds.queue)
+                ds.queue.extend(n for n in stale if n not in ds.policy.opened and n not in queued)
+        finally:
+            self._pump(dir_path, ds, finished=True)
+
+    def _listing(self, dir_path: str) -> list[str]:
+        """The names in *dir_path*: the listing the kernel's listings share (one stat when unchanged),
+        else the source's own."""
+        if self.dirs is not None:
+            return [entry[0] for entry in self.dirs.listing(dir_path)]
+        return self.source.listdir(dir_path)
 
     def _pump(
         self,

@@ -1,7 +1,8 @@
 """Contenders and cells: how one workload is timed on direct storage and on fastfs.
 
 Each timed run is prepared the same way for every contender (page cache dropped, fastfs remounted
-with an empty RAM cache and a fresh state directory), so ratios compare like with like.
+with an empty RAM cache and a fresh state directory; :class:`Rerun`: with the state a first run
+left), so ratios compare like with like.
 :func:`measure` never raises: a failing cell carries its error and the benchmark goes on.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +58,33 @@ class Fastfs:
     def session(self) -> Iterator[tuple[str, FastfsMount | None]]:
         with fastfs_mount(self.src, self.mnt, self.options, self.state_dir) as m:
             yield m.mnt, m
+
+
+class Rerun(Fastfs):
+    """fastfs on a rerun of the job: each timed session mounts with the state that a first, untimed
+    run of the same *phases* through a mount before it left (learned access sets, whole-file loads),
+    as when a job is restarted or a training script runs again. The storage is reset between the two
+    (network clients remount), and the timed run's page cache is dropped as for any cold run."""
+
+    def __init__(
+        self, src: str, mnt: str, phases: Sequence[Callable[[str], Any]], options: Sequence[str] = (), emu: Any = None
+    ) -> None:
+        super().__init__(src, mnt, options, emu=emu)
+        self.phases = list(phases)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[tuple[str, FastfsMount | None]]:
+        state = tempfile.mkdtemp(prefix="fastfs-rerun.")
+        try:
+            with fastfs_mount(self.src, self.mnt, self.options, state) as m:
+                drop_caches()
+                for phase in self.phases:
+                    phase(m.mnt)
+            _reset_storage(self)
+            with fastfs_mount(self.src, self.mnt, self.options, state) as m:
+                yield m.mnt, m
+        finally:
+            shutil.rmtree(state, ignore_errors=True)
 
 
 @dataclass

@@ -72,6 +72,22 @@ def test_dir_times_kept(mount_type: str, kept: bool) -> None:
     assert shape.dir_times_kept(mount_type) is kept
 
 
+@pytest.mark.parametrize(
+    ("mount_type", "lists"),
+    [
+        ("fuse.s3fs", False),  # its listing HEADs every object
+        ("fuse.glusterfs", True),  # READDIRPLUS: the client then opens without a lookup of its own
+        ("fuse.rclone", True),  # one PROPFIND
+        ("fuse.sshfs", True),
+        ("nfs4", True),
+        ("ext4", True),
+        ("", True),
+    ],
+)
+def test_replay_lists(mount_type: str, lists: bool) -> None:
+    assert shape.replay_lists(mount_type) is lists
+
+
 # -- the mount table: which mount holds the source ----------------------------------------------------
 MOUNTINFO = """\
 22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
