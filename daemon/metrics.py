@@ -189,9 +189,14 @@ _LABELLED: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
     ),
     "source_requests_total": (
         "Requests fastfs made to the source, by kind: files opened, stats (files and directories), directories "
-        "listed (reads are fastfs_source_reads_total).",
+        "listed, opens made again after the source answered EBADFD (reads are fastfs_source_reads_total).",
         "kind",
-        ((fstats.SOURCE_OPENS, "open"), (fstats.SOURCE_STATS, "stat"), (fstats.SOURCE_LISTINGS, "listing")),
+        (
+            (fstats.SOURCE_OPENS, "open"),
+            (fstats.SOURCE_STATS, "stat"),
+            (fstats.SOURCE_LISTINGS, "listing"),
+            (fstats.SOURCE_OPEN_RETRIES, "open_retry"),
+        ),
     ),
     "opens_from_metadata_total": (
         "Served opens answered without opening the source, by how its metadata was trusted: younger than "

@@ -139,7 +139,9 @@ def format_summary(snap: dict[str, Any]) -> str:
         f" {c.get('learned_whole_plans', 0)} files loaded whole as last time",
         f"  source preads      {lat.get('count', c.get('preads', 0))}, latency p50 {ms(lat.get('p50'))},"
         f" p95 {ms(lat.get('p95'))}, p99 {ms(lat.get('p99'))}",
-        f"  source requests    {c.get('source_opens', 0)} opens, {c.get('source_stats', 0)} stats,"
+        f"  source requests    {c.get('source_opens', 0)} opens ({c.get('source_open_retries', 0)} made again:"
+        " the source said EBADFD),"
+        f" {c.get('source_stats', 0)} stats,"
         f" {c.get('source_listings', 0)} listings; opens without a source open:"
         f" {c.get('opens_from_metadata', 0)} fresh, {c.get('opens_revalidated', 0)} revalidated by a stat,"
         f" {c.get('opens_dir_verified', 0)} by their directory",
