@@ -90,7 +90,7 @@ def _openat2(dirfd: int, rel: str, flags: int) -> int:
 
 # Opens of a file made again when the source answers EBADFD, a descriptor's state and never the path's:
 # GlusterFS's client (10.3, open-behind on, 2 ms delay) failed the open of one small file of 10,000 so in
-# 2 of 28 passes of 16 threads reading through fastfs, whose scan opened the same files beside them.
+# 2 of about 50 passes of 16 threads reading through fastfs, whose scan opened the same files beside them.
 OPEN_RETRIES = 1
 
 # Directories whose O_PATH descriptors are kept for metadata calls at once (least recently used closed

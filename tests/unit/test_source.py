@@ -131,7 +131,7 @@ def test_open_file_refuses_what_is_not_a_regular_file(source, tree):
 @pytest.mark.parametrize("failures", [1, 2])
 def test_an_open_the_source_answers_with_ebadfd_is_made_again_once(source, monkeypatch, failures):
     """GlusterFS's client answered EBADFD (a descriptor's state, not the path's) to one open of 10,000
-    in 2 of 28 passes of 16 threads through fastfs, whose scan opened the same files beside them: the
+    in 2 of about 50 passes of 16 threads through fastfs, whose scan opened the same files beside them: the
     reader got the error where its own open of the file succeeds."""
     from fastfs.fsio import stats as m
     from fastfs.fsio.stats import Stats
