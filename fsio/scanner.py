@@ -527,9 +527,10 @@ class Scanner:
         """Pool job of a replay: list the directory (:func:`~fastfs.fsio.shape.replay_lists`: one
         listing the kernel's share, which tells the source's client every name at once, so it opens
         each file of the set without a lookup of its own), queue the learned *names* it still holds
-        whose metadata is not at hand, and start the fetches. Unlisted (an error, or a client whose
-        listing asks about every entry, or *listed* False), the set is queued as learned. Counted in ``ds.inflight`` by
-        the caller, handed over to the first fetch by :meth:`_pump` however the listing ends."""
+        whose metadata is not at hand, and start the fetches. Unlisted (an error, a client whose
+        listing asks about every entry, or *listed* False), the set is queued as learned. Counted in
+        ``ds.inflight`` by the caller, handed over to the first fetch by :meth:`_pump` however the
+        listing ends."""
         try:
             if listed and replay_lists(self.source.mount_type):
                 try:
