@@ -33,21 +33,16 @@ Run: ``python benchmarks/bench_formats.py [--scale 0.25] [--runs 3] [--only npy_
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchkit.cli import add_emulator_options, base_parser, extra_options, selected  # noqa: E402
 from benchkit.datasets import Dataset  # noqa: E402
-from benchkit.measure import Cell, Fastfs, Native, measure, preimport  # noqa: E402
-from benchkit.mounts import FastfsMount  # noqa: E402
-from benchkit.mounts import fastfs_mount as _fastfs_mount  # noqa: E402
+from benchkit.measure import Cell, Fastfs, Native, Rerun, measure, preimport  # noqa: E402
 from benchkit.readers import (
     file_bytes,
     np_mmap_sum,
@@ -61,8 +56,8 @@ from benchkit.readers import (
     torch_load,
     torch_load_touch,
 )  # noqa: E402
-from benchkit.report import fmt_mbps, fmt_s, fmt_x, human_bytes, log, median, print_table, ratio, timed  # noqa: E402
-from benchkit.system import drop_caches, mountpoint, require_root  # noqa: E402
+from benchkit.report import fmt_mbps, fmt_s, fmt_x, human_bytes, log, median, print_table, ratio  # noqa: E402
+from benchkit.system import mountpoint, require_root  # noqa: E402
 from benchkit.units import SEED  # noqa: E402
 from latency_fs import DEFAULT_LATENCY_MS, DEFAULT_MBPS, emulated  # noqa: E402
 
@@ -104,27 +99,6 @@ def torch_first_tensor(path: str) -> float:
 
     state = torch.load(path, mmap=True, weights_only=True)
     return float(next(iter(state.values())).sum())
-
-
-class LearnedFastfs(Fastfs):
-    """A fastfs session whose state directory already holds what epoch 1 (a first load) taught it."""
-
-    def __init__(self, src: str, mnt: str, options: list[str], epoch1: Callable[[str], Any], emu: Any) -> None:
-        super().__init__(src, mnt, options, emu=emu)
-        self.epoch1 = epoch1
-        self.epoch1_times: list[float] = []
-
-    @contextlib.contextmanager
-    def session(self) -> Iterator[tuple[str, FastfsMount | None]]:
-        state = tempfile.mkdtemp(prefix="fastfs-learn.")
-        try:
-            with _fastfs_mount(self.src, self.mnt, self.options, state_dir=state) as m:
-                drop_caches()
-                self.epoch1_times.append(timed(lambda: self.epoch1(m.mnt)))
-            with _fastfs_mount(self.src, self.mnt, self.options, state_dir=state) as m:
-                yield m.mnt, m
-        finally:
-            shutil.rmtree(state, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             nbytes = file_bytes([path])
             contender: Fastfs = fastfs
             if name == "epoch2":
-                contender = LearnedFastfs(emu.mnt, fastfs_mnt, opts, epoch_scans[EPOCH1_SEED], emu)
+                contender = Rerun(emu.mnt, fastfs_mnt, [epoch_scans[EPOCH1_SEED]], opts, emu)
             elif name.endswith("_reload"):
-                contender = LearnedFastfs(emu.mnt, fastfs_mnt, opts, reader, emu)
+                contender = Rerun(emu.mnt, fastfs_mnt, [reader], opts, emu)
             log(f"{name}: direct")
             d = measure(direct, [reader], args.runs)
             log(f"{name}: fastfs")
@@ -221,15 +195,15 @@ def main(argv: list[str] | None = None) -> int:
                     f.sizes(),
                 ]
             )
-            if name == "epoch2" and isinstance(contender, LearnedFastfs):
+            if name == "epoch2" and isinstance(contender, Rerun):
                 notes.append(
-                    f"epoch2: fastfs epoch 1 (fresh state) took {fmt_s(median(contender.epoch1_times))} s; "
+                    f"epoch2: fastfs epoch 1 (fresh state) took {fmt_s(median(contender.first_times))} s; "
                     f"learned plans replayed: {_counter(f, 'learned_plans')}, files used: "
                     f"{_counter(f, 'learned_files_used')}"
                 )
-            elif isinstance(contender, LearnedFastfs):
+            elif isinstance(contender, Rerun):
                 notes.append(
-                    f"{name}: fastfs first load (fresh state) took {fmt_s(median(contender.epoch1_times))} s; "
+                    f"{name}: fastfs first load (fresh state) took {fmt_s(median(contender.first_times))} s; "
                     f"plans released whole as learned: {_counter(f, 'learned_whole_plans')}"
                 )
             for who, cell in (("direct", d), ("fastfs", f), ("bound", b)):

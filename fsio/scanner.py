@@ -533,21 +533,25 @@ class Scanner:
         listing ends."""
         try:
             if listed and replay_lists(self.source.mount_type):
-                try:
-                    listing = self._listing(dir_path)
-                except OSError:
-                    pass
-                else:
-                    present = set(listing)
-                    names = [n for n in names if n in present]  # (a file gone since is not opened)
-                    with ds.lock:
-                        ds.known = max(ds.known, len(listing))
+                names = self._listed(dir_path, ds, names)
             stale = self._stale_names(dir_path, names)
             with ds.lock:
                 queued = set(ds.queue)
                 ds.queue.extend(n for n in stale if n not in ds.policy.opened and n not in queued)
         finally:
             self._pump(dir_path, ds, finished=True)
+
+    def _listed(self, dir_path: str, ds: DirScan, names: Sequence[str]) -> Sequence[str]:
+        """Those of *names* that the directory's listing holds (a file gone since is not opened), the
+        listing's length counted in ``ds.known``; all of them when the directory cannot be listed."""
+        try:
+            listing = self._listing(dir_path)
+        except OSError:
+            return names
+        with ds.lock:
+            ds.known = max(ds.known, len(listing))
+        present = set(listing)
+        return [n for n in names if n in present]
 
     def _listing(self, dir_path: str) -> list[str]:
         """The names in *dir_path*: the listing the kernel's listings share (one stat when unchanged),

@@ -88,11 +88,6 @@ def _openat2(dirfd: int, rel: str, flags: int) -> int:
     return fd
 
 
-# Opens of a file made again when the source answers EBADFD, a descriptor's state and never the path's:
-# GlusterFS's client (10.3, open-behind on, 2 ms delay) failed the open of one small file of 10,000 so in
-# 2 of about 50 passes of 16 threads reading through fastfs, whose scan opened the same files beside them.
-OPEN_RETRIES = 1
-
 # Directories whose O_PATH descriptors are kept for metadata calls at once (least recently used closed
 # first): a working set of directories read at once (a data set's class folders are read one after
 # the other) fits, and they are few next to the descriptors open files hold.
@@ -425,17 +420,18 @@ class Source:
     def open_file(self, path: str) -> SourceFile:
         """Open a regular file for reading (ELOOP/ENOENT for symlinks, EISDIR etc. passed on). An open
         the source answers with EBADFD (its descriptor in a bad state, never a property of the path) is
-        made again once (:data:`OPEN_RETRIES`)."""
+        made again once: GlusterFS's client (10.3, open-behind on, 2 ms delay) failed the open of one
+        small file of 10,000 so in 2 of about 50 passes of 16 threads reading through fastfs, whose
+        scan opened the same files beside them. A second EBADFD is passed on."""
         parts = split(path)
-        for retry in range(OPEN_RETRIES + 1):
-            try:
-                return self._open_file(parts, path)
-            except OSError as e:
-                if e.errno != errno.EBADFD or retry == OPEN_RETRIES:
-                    raise
-                self.count(m.SOURCE_OPEN_RETRIES)
-                log.info("source open of %s answered EBADFD: opening it again", path)
-        raise AssertionError("unreachable")
+        try:
+            return self._open_file(parts, path)
+        except OSError as e:
+            if e.errno != errno.EBADFD:
+                raise
+        self.count(m.SOURCE_OPEN_RETRIES)
+        log.info("source open of %s answered EBADFD: opening it again", path)
+        return self._open_file(parts, path)
 
     def _open_file(self, parts: list[str], path: str) -> SourceFile:
         self.count(m.SOURCE_OPENS)
