@@ -224,6 +224,7 @@ _LABELLED: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
             (fstats.WALK_AHEAD, "walk_ahead"),
             (fstats.FORMAT_PLANS, "format"),
             (fstats.MMAP_STREAMS, "mmap"),
+            (fstats.PROGRAMS, "program"),
             (fstats.LEARNED_PLANS, "learned"),
             (fstats.LEARNED_WHOLE, "learned_whole_file"),
         ),

@@ -105,7 +105,7 @@ class EvictionListener(Protocol):
 
 class BlockFill(Protocol):
     """The fill of one block while it is queued or running (``Block.job``): a
-    :class:`~fastfs.fsio.fills.Preads` or a :class:`~fastfs.fsio.disk.tier.DiskFill`."""
+    :class:`~fastfs.fsio.fills.Preads` or a :class:`~fastfs.fsio.fills.DiskFill`."""
 
     @property
     def demand(self) -> bool:  # the priority its jobs were queued with

@@ -487,14 +487,6 @@ class Engine:
         return entry
 
     # == for warm jobs and cache reports (fastfs.fsio.warm) ==========================================
-    def warm(self, path: str, disk: bool = False) -> dict[str, Any]:
-        """Fetch a file or tree into the cache (*disk*: into the disk tier) now, with the daemon's own
-        rights; returns the job's final progress (blocks until done). The daemon runs warms as
-        background jobs instead."""
-        from fastfs.fsio.warm import warm_now
-
-        return warm_now(self, path, disk=disk)
-
     def hold(self, path: str) -> tuple[int, FileEntry]:
         """A handle (and the entry) of the current version of *path*, without what :meth:`open` does
         for a reader (no format probe, scan bookkeeping, learning or open count); :meth:`release` it."""

@@ -6,7 +6,7 @@ returned) and knows nothing of the engine or the handle table: source files come
 own :class:`~fastfs.fsio.source.SourceRef`. Its parts:
 
 * **Block fills** (:meth:`Fills.fetch_block`, :meth:`Fills.prefetch`): reserve a cache block and
-  queue its fill: from the disk tier when it holds the range (:class:`~fastfs.fsio.disk.tier.DiskFill`,
+  queue its fill: from the disk tier when it holds the range (:class:`DiskFill`,
   one pool job that falls back to the source), else from the source as a :class:`Preads` of
   pieces of at least :data:`FILL_SPLIT_MIN`, one per source stream, read in parallel; the last
   piece to finish completes the block (a failed piece fails it) and hands it to the disk tier.
@@ -61,7 +61,7 @@ from collections.abc import Callable
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import READY, Block, BlockCache, BlockFill, round_up
 from fastfs.fsio.disk.index import Key as DiskKey
-from fastfs.fsio.disk.tier import DiskFill, DiskTier
+from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.entry import FileEntry, SourceStream
 from fastfs.fsio.handover import ReadSpeed
 from fastfs.fsio.pool import PreadPool
@@ -570,6 +570,35 @@ class Fills:
         view[:total] = batch.view[:total]
         self.stats.add(m.BYTES_FETCHED_DEMAND, total)
         return total
+
+
+class DiskFill:
+    """One block fill served from the disk tier: a pool job (``jobs`` is itself, so a reader waiting
+    for a queued prefetch can promote it like a source fill). When the store does not hold the range
+    any more or a check fails, it hands the block to the source fill instead (``fills``: the
+    :class:`Fills` that queued it)."""
+
+    __slots__ = ("fills", "entry", "block", "start", "length", "demand", "jobs")
+
+    def __init__(self, fills: Fills, entry: FileEntry, block: Block, start: int, length: int, demand: bool) -> None:
+        self.fills, self.entry, self.block = fills, entry, block
+        self.start, self.length, self.demand = start, length, demand
+        self.jobs = (self,)
+
+    def __call__(self) -> None:
+        fills, block, disk = self.fills, self.block, self.fills.disk
+        assert disk is not None  # only a Fills with a tier queues a DiskFill
+        try:
+            n = disk.read(self.entry.dkey, self.start, block.view[: self.length])
+        except OSError:
+            n = None
+        if n != self.length:  # not held (evicted meanwhile) or failed its check: the source decides
+            fills.start_source_fill(self.entry, block, self.start, self.length, self.demand)
+            return
+        block.job = None
+        if not self.demand:
+            fills.stats.add(m.BYTES_DISK_PREFETCH, n)
+        fills.cache.complete(block, n)
 
 
 class Preads:

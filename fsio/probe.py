@@ -5,7 +5,9 @@ more) on a pool worker: it reads the file's head (from a cached block, the disk 
 asks :func:`fastfs.fsio.formats.plan_for` for the loader's ranges, and installs a
 :class:`~fastfs.fsio.policy.RangePlan` on the entry, which from then on decides alone what is fetched
 ahead inside its ranges (the read path asks it). The plan releases one block at open
-(:data:`FORMAT_INITIAL_LEAD`), then bytes ahead of each run of reads the reader has proven dense.
+(:data:`FORMAT_INITIAL_LEAD`), then bytes ahead of each run of reads the reader has proven dense. A
+program or shared library (ELF) gets no plan: the windows of its stream policy are capped at one
+block instead (:data:`~fastfs.fsio.policy.CODE_WINDOW`).
 With learning on, when the last handle of a planned file closes, the share of the plan its readers
 read is remembered (:meth:`FormatProbe.learn_load`); the next load of the same version, after a
 remount too, has its plan released whole at open if that load read (nearly, :data:`WHOLE_SHARE`)
@@ -60,7 +62,7 @@ from fastfs.fsio.cache import READY, Block, BlockCache, round_up
 from fastfs.fsio.disk.tier import DiskTier
 from fastfs.fsio.entry import FileEntry, HeadWindow
 from fastfs.fsio.fills import Fills
-from fastfs.fsio.policy import RangePlan, file_order
+from fastfs.fsio.policy import CODE_WINDOW, RangePlan, file_order
 from fastfs.fsio.pool import PreadPool
 from fastfs.fsio.shape import PROBE_DUE, PROBE_RECHECK, SETTLE_WAIT
 from fastfs.fsio.source import DIRECT_ALIGN, HeadKey
@@ -198,6 +200,12 @@ class FormatProbe:
         except OSError:
             return
         if plan is None or not plan.ranges:
+            if formats.is_program(head):
+                with entry.lock:
+                    entry.reads.policy.cap_windows(CODE_WINDOW)
+                self.stats.add(m.PROGRAMS)
+                self.trace("%s: a program or shared library (ELF): its runs are prefetched one block ahead", entry.path)
+                return
             self.trace("%s: no known format in its first bytes: prefetch follows sequential reads only", entry.path)
             return
         self.stats.add(m.FORMAT_PLANS)

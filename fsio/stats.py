@@ -55,6 +55,7 @@ SCAN_AWAITED = "opens_awaited_scan"  # opens that waited for the scan's fetch of
 SCAN_AWAIT_TIMEOUTS = "opens_awaited_scan_timeouts"  # ... and gave up waiting (the open then asked the source)
 FORMAT_PLANS = "format_plans"  # opens whose header gave a prefetch plan
 MMAP_STREAMS = "mmap_streams"  # files read out of order inside a planned range (mmap page faults)
+PROGRAMS = "program_files"  # files found to be programs or shared libraries (ELF): windows of one block
 LEARNED_PLANS = "learned_plans"  # learned access sets replayed
 LEARNED_FILES_USED = "learned_files_used"  # files of a replayed set that were then read
 LEARNED_WHOLE = "learned_whole_plans"  # format plans released whole at open: the last load read it all
@@ -112,6 +113,7 @@ COUNTERS = (
     SCAN_AWAIT_TIMEOUTS,
     FORMAT_PLANS,
     MMAP_STREAMS,
+    PROGRAMS,
     LEARNED_PLANS,
     LEARNED_FILES_USED,
     LEARNED_WHOLE,

@@ -135,6 +135,7 @@ def format_summary(snap: dict[str, Any]) -> str:
         f" {c.get('small_file_scans_serial', 0)} stopped: the source answered one fetch at a time;"
         f" {c.get('walk_ahead_scans', 0)} directories scanned ahead of a walk),"
         f" {c.get('format_plans', 0)} format plans, {c.get('mmap_streams', 0)} mmap,"
+        f" {c.get('program_files', 0)} programs or libraries,"
         f" {c.get('learned_plans', 0)} learned plans ({c.get('learned_files_used', 0)} files used),"
         f" {c.get('learned_whole_plans', 0)} files loaded whole as last time",
         f"  source preads      {lat.get('count', c.get('preads', 0))}, latency p50 {ms(lat.get('p50'))},"

@@ -13,7 +13,7 @@ a few calls in its fill, scan, open, warm and stats paths:
   not written.
   A small file read whole outside blocks (an exact read) is handed over as a copy
   (:meth:`DiskTier.store_copy`), since the reader's buffer goes back to the kernel.
-* **Reads** (:class:`DiskFill`): a block fill whose range the store holds (:meth:`DiskStore.holds`,
+* **Reads** (:class:`~fastfs.fsio.fills.DiskFill`): a block fill whose range the store holds (:meth:`DiskStore.holds`,
   no I/O) is queued on the pool at the fill's priority as one job reading from disk into the block
   (each 64 KiB chunk CRC-checked; see the store); when the store no longer holds it or a check
   fails (the entry is then dropped), the same job falls back to the source fill, so a reader never
@@ -44,7 +44,7 @@ timestamp tick by another of the same size at the same path would match; sources
 timestamps have the same limit in every cache keyed by attributes.
 
 Concurrency: the tier itself holds no mutable state beyond the store (thread-safe, see its own
-docstring); :class:`DiskFill` objects are owned by the block they fill (``block.job``).
+docstring); :class:`~fastfs.fsio.fills.DiskFill` objects are owned by the block they fill (``block.job``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from fastfs.fsio import stats as m
 from fastfs.fsio.cache import Block
 from fastfs.fsio.disk import directory
 from fastfs.fsio.disk import store as diskstore
@@ -66,8 +65,6 @@ from fastfs.fsio.source import LOCAL_FS_TYPES, FileKey, HeadKey
 
 if TYPE_CHECKING:
     from fastfs.config.schema import Config
-    from fastfs.fsio.entry import FileEntry
-    from fastfs.fsio.fills import Fills
 
 # Version of the key layout: a store written with another layout never matches (its entries age out).
 KEY_FORMAT = 1
@@ -207,32 +204,3 @@ class DiskTier:
 
 def _nothing() -> None:
     pass
-
-
-class DiskFill:
-    """One block fill served from the disk tier: a pool job (``jobs`` is itself, so a reader waiting
-    for a queued prefetch can promote it like a source fill). When the store does not hold the range
-    any more or a check fails, it hands the block to the source fill instead (``fills``: the
-    :class:`~fastfs.fsio.fills.Fills` that queued it)."""
-
-    __slots__ = ("fills", "entry", "block", "start", "length", "demand", "jobs")
-
-    def __init__(self, fills: Fills, entry: FileEntry, block: Block, start: int, length: int, demand: bool) -> None:
-        self.fills, self.entry, self.block = fills, entry, block
-        self.start, self.length, self.demand = start, length, demand
-        self.jobs = (self,)
-
-    def __call__(self) -> None:
-        fills, block, disk = self.fills, self.block, self.fills.disk
-        assert disk is not None  # only a Fills with a tier queues a DiskFill
-        try:
-            n = disk.read(self.entry.dkey, self.start, block.view[: self.length])
-        except OSError:
-            n = None
-        if n != self.length:  # not held (evicted meanwhile) or failed its check: the source decides
-            fills.start_source_fill(self.entry, block, self.start, self.length, self.demand)
-            return
-        block.job = None
-        if not self.demand:
-            fills.stats.add(m.BYTES_DISK_PREFETCH, n)
-        fills.cache.complete(block, n)

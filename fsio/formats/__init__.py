@@ -21,6 +21,10 @@ Design:
   alone a file's name is a hint (:func:`maps_by_name`, each module's ``SUFFIXES``), which spares the
   first-page read, one more download on such a client: a wrong hint costs nothing against direct
   reads (a misnamed file passes through, read as a direct reader would, or is served).
+- Programs and shared libraries (ELF, :func:`is_program`) get no plan: what the dynamic loader touches
+  depends on the symbols and code used. They are told apart so that the stream policy keeps its windows
+  short there (:data:`fastfs.fsio.policy.CODE_WINDOW`); they stay out of :func:`loader_maps`, which
+  decides routes on stream sources.
 - Plans are normalised by :func:`normalize`: clipped to the file, empty ranges dropped, consecutive
   ranges merged where they overlap (order kept, since order is the loader's order; adjacent records stay apart).
 """
@@ -37,6 +41,8 @@ HEAD_BYTES = 64 * 1024  # holds every npy header np.load accepts by default, mos
 # loader_maps needs; one page.
 DETECT_BYTES = 4096
 MAX_READS = 2  # read_at calls allowed per file: each is a source round trip made while open() waits
+# The first bytes of every ELF object (executables, shared libraries): the dynamic loader maps these.
+ELF_MAGIC = b"\x7fELF"
 
 ReadAt = Callable[[int, int], bytes]
 
@@ -173,6 +179,12 @@ def maps_by_name(path: str) -> bool | None:
         if name.endswith(module.SUFFIXES):
             return bool(module.MAPPED)
     return None
+
+
+def is_program(head: bytes) -> bool:
+    """True when the first bytes of a file are those of an ELF object (a program or shared library,
+    which the dynamic loader maps and touches sparsely). By content only."""
+    return bytes(head[: len(ELF_MAGIC)]) == ELF_MAGIC
 
 
 def plan_for(head: bytes, size: int, read_at: ReadAt) -> Plan | None:

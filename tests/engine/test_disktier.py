@@ -24,6 +24,7 @@ from fastfs.fsio.disk.tier import KEY_FORMAT, DiskTier
 from fastfs.fsio.engine import Engine
 from fastfs.fsio.policy import ROUTE_PASSTHROUGH, ROUTE_SERVED
 from fastfs.fsio.source import LOCAL_FS_TYPES, SourceFile
+from fastfs.fsio.warm import warm_now
 
 MIB = 1024 * 1024
 FUSE_SUPER_MAGIC = 0x65735546
@@ -484,11 +485,11 @@ def test_warm_disk_fills_the_tier_ahead(data, tmp_path, no_source) -> None:
     src = tmp_path / "src"
     engine = make_engine(src, tmp_path, **{"cache.budget": "16M"})
     try:
-        report = engine.warm("/", disk=True)
+        report = warm_now(engine, "/", disk=True)
         total = sum(len(v) for v in data.values())
         assert report["done"] and report["disk"] and report["failed"] == report["declined"] == 0
         assert report["bytes_done"] == total and report["files_done"] == len(data)
-        again = engine.warm("/", disk=True)  # all on disk: nothing fetched
+        again = warm_now(engine, "/", disk=True)  # all on disk: nothing fetched
         assert again["bytes_done"] == total
         assert engine.snapshot()["counters"][m.BYTES_FETCHED_WARM] == total  # a warm: not a read-ahead guess
     finally:
@@ -508,7 +509,7 @@ def test_warm_disk_without_a_tier_is_refused(data, tmp_path) -> None:
     try:
         assert engine.disk is None
         with pytest.raises(OSError) as e:
-            engine.warm("/", disk=True)
+            warm_now(engine, "/", disk=True)
         assert e.value.errno == errno.ENOTSUP
     finally:
         engine.close()

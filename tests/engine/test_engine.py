@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +18,10 @@ from fastfs.config import load_config
 from fastfs.fsio import stats as m
 from fastfs.fsio.cache import READY, BlockCache
 from fastfs.fsio.engine import Engine, ReplyParts
+from fastfs.fsio.formats import ELF_MAGIC
+from fastfs.fsio.policy import CODE_WINDOW
 from fastfs.fsio.source import HeadKey
+from fastfs.fsio.warm import warm_now
 
 MIB = 1024 * 1024
 
@@ -357,6 +361,36 @@ def test_npy_format_plan_prefetches_payload(data_dir, tmp_path):
         engine.close()
 
 
+def test_a_shared_library_is_prefetched_one_block_ahead_of_the_loaders_runs(tmp_path):
+    """The dynamic loader touches a library in short runs: a window bet of 8 MiB past each went unread."""
+    src = tmp_path / "src"
+    src.mkdir()
+    body = np.random.default_rng(1).bytes(24 * MIB)
+    (src / "lib.so").write_bytes(ELF_MAGIC + body[len(ELF_MAGIC) :])
+    (src / "data.bin").write_bytes(b"DATA" + body[4:])
+    engine = make_engine(src, tmp_path)
+    try:
+        ahead = {}
+        for name in ("lib.so", "data.bin"):
+            expected = (src / name).read_bytes()
+            r = engine.open("/" + name)
+            entry = engine.handles.get(r.fh)
+            assert wait_for(lambda entry=entry: entry.format.probed and not entry.format.planning, timeout=10)
+            buf = bytearray(MIB)
+            for i in range(2, 10):  # one run: 8 reads of 1 MiB from 2 MiB on
+                n = engine.read_into(r.fh, i * MIB, memoryview(buf))
+                assert bytes(buf[:n]) == expected[i * MIB : (i + 1) * MIB]
+            with entry.lock:
+                policy = entry.reads.policy
+                ahead[name] = (max(s.prefetched_to for s in policy.streams) - 10 * MIB, policy.max_window)
+            engine.release(r.fh)
+        assert engine.snapshot()["counters"][m.PROGRAMS] == 1
+        assert ahead["lib.so"] == (CODE_WINDOW, CODE_WINDOW)
+        assert ahead["data.bin"][0] >= 8 * MIB and ahead["data.bin"][1] == 64 * MIB  # the default bet
+    finally:
+        engine.close()
+
+
 def test_torch_record_headers_are_fetched_at_open_and_served_from_ram(data_dir, tmp_path):
     import torch
 
@@ -500,7 +534,7 @@ def test_write_flags_and_bad_handles(data_dir, tmp_path):
 def test_warm_fetches_tree(data_dir, tmp_path):
     engine = make_engine(data_dir, tmp_path, **{"cache.budget": "64M"})
     try:
-        result = engine.warm("/small")
+        result = warm_now(engine, "/small")
         assert result["files_done"] == result["files_total"] == 40
         assert result["bytes_done"] == result["bytes_total"] == 40 * 3073
         assert result["done"] and result["failed"] == result["declined"] == result["skipped"] == 0
@@ -616,7 +650,7 @@ def test_reads_from_ram_blocks_are_sent_without_a_copy(data_dir, tmp_path):
     engine = make_engine(data_dir, tmp_path, **{"cache.budget": "64M"})
     data = (data_dir / "big").read_bytes()
     try:
-        engine.warm("/big")
+        warm_now(engine, "/big")
         r = engine.open("/big")
         dest = memoryview(bytearray(3 * MIB))
         parts = ReplyParts()

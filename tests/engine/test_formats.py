@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 import struct
+import sys
 import tempfile
 import zipfile
 
@@ -28,6 +29,7 @@ from fastfs.fsio.formats import (
     MAX_READS,
     Plan,
     Reader,
+    is_program,
     loader_maps,
     maps_by_name,
     normalize,
@@ -306,6 +308,17 @@ def test_loader_maps_tells_mapped_formats_from_their_first_page(name: str, maps:
     # the same module as the planner's: a file planned as safetensors is one whose loader maps it
     plan = plan_for(samples()[name], len(samples()[name]), lambda offset, length: b"")
     assert plan is not None and (plan.format == "safetensors") is maps
+
+
+def test_programs_and_shared_libraries_are_told_by_their_first_bytes_and_get_no_plan() -> None:
+    with open(os.path.realpath(sys.executable), "rb") as f:  # a real ELF program
+        head = f.read(HEAD_BYTES)
+    assert is_program(head)
+    assert plan_for(head, len(head), lambda offset, length: b"") is None
+    assert loader_maps(head) is False  # (routes on stream sources stay those of an unknown format)
+    for name in sorted(samples()):
+        assert not is_program(samples()[name][:DETECT_BYTES]), name
+    assert not is_program(b"") and not is_program(b"\x7fEL") and not is_program(b"ELF\x7f" + head[4:])
 
 
 @pytest.mark.parametrize("head", [b"", b"\x00" * 4096, os.urandom(4096), b"PK\x03", struct.pack("<Q", 1) + b"{"])

@@ -31,6 +31,7 @@ from fastfs.daemon.kernel.session import SPARE_READERS, Session
 from fastfs.daemon.ops import CONTROL_ID, STATS_ID, VIRTUAL_FH_BASE, KernelOps
 from fastfs.fsio import stats as m
 from fastfs.fsio.engine import Engine
+from fastfs.fsio.warm import warm_now
 
 pytestmark = pytest.mark.usefixtures("request_loop")  # every test on both request loops
 
@@ -276,7 +277,7 @@ def _stores(served: Served) -> list[tuple[int, int, bytes]]:
 
 
 def test_an_open_of_a_small_file_whole_in_ram_hands_it_to_the_kernel_once(served: Served) -> None:
-    served.engine.warm("/dir/small.txt")  # the version whole in RAM
+    warm_now(served.engine, "/dir/small.txt")  # the version whole in RAM
     node = served.node("/dir/small.txt")
     fh, flags = served.open(node)
     assert flags & abi.FOPEN_KEEP_CACHE  # the kernel keeps what it was handed
@@ -302,7 +303,7 @@ def test_a_rebound_node_is_not_handed_over(served: Served, tree: Path) -> None:
     new = b"another version, longer than the first\n"
     (tree / "dir" / "next").write_bytes(new)
     os.replace(tree / "dir" / "next", tree / "dir" / "small.txt")
-    served.engine.warm("/dir/small.txt")
+    warm_now(served.engine, "/dir/small.txt")
     fh, _ = served.open(node)
     assert _stores(served) == []
     assert any(code == abi.Notify.INVAL_INODE for code, _ in served.fk.notifications)

@@ -9,6 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fastfs.fsio.policy import (
+    CODE_WINDOW,
     MAX_STREAMS,
     ROUTE_PASSTHROUGH,
     ROUTE_SERVED,
@@ -60,6 +61,27 @@ def test_window_doubles_when_scheduled_whole_up_to_cap():
     assert windows[0] == 8 * MIB
     assert max(windows) == 64 * MIB
     assert windows == sorted(windows)
+
+
+def test_a_capped_version_prefetches_one_block_ahead_for_good():
+    p = policy()
+    p.cap_windows(CODE_WINDOW)
+    windows = []
+    offset = 0
+    for step in range(40):
+        if step == 20:  # a reload gives the limits of the config again: the cap stays
+            p.set_windows(8 * MIB, 64 * MIB)
+        plan = p.on_read(offset, MIB)
+        if plan.prefetch:
+            start, stop = plan.prefetch[0]
+            windows.append(stop - (offset + MIB))
+            p.scheduled(plan.stream, stop, complete=True)
+        offset += MIB
+    assert windows and set(windows) == {CODE_WINDOW}
+    assert (p.initial_window, p.max_window) == (CODE_WINDOW, CODE_WINDOW)
+    uncapped = policy()
+    uncapped.set_windows(4 * MIB, 16 * MIB)
+    assert (uncapped.initial_window, uncapped.max_window) == (4 * MIB, 16 * MIB)
 
 
 def test_window_does_not_grow_under_backpressure():
