@@ -153,6 +153,21 @@ IMPORT_CODE = (
 )
 
 
+IMPORT_TORCH_CODE = (
+    "import sys\n"
+    "sys.path.insert(0, sys.argv[1])\n"
+    "import torch\n"
+    "assert torch.__file__.startswith(sys.argv[1]), torch.__file__\n"
+    "torch.ones(3).sum()\n"
+)
+
+
+def import_torch(lib_dir: str) -> None:
+    """A fresh interpreter (isolated, no site-packages, no bytecode writes) importing torch from *lib_dir*:
+    its shared libraries (libtorch_cpu.so: 434 MB in torch 2.13) are mapped and touched in short runs."""
+    _run([sys.executable, "-I", "-S", "-B", "-c", IMPORT_TORCH_CODE, lib_dir])
+
+
 def import_numpy(lib_dir: str) -> None:
     """A fresh interpreter (isolated, no site-packages, no bytecode writes) importing numpy from *lib_dir*."""
     _run([sys.executable, "-I", "-S", "-B", "-c", IMPORT_CODE, lib_dir])

@@ -41,6 +41,10 @@ IMAGE_MAX = 200 * KIB
 IMAGE_CLASSES = 10
 # Directory names copied for the numpy package: the package and the wheel's bundled libraries.
 NUMPY_DIRS = ("numpy", "numpy.libs")
+# What `import torch` loads from site-packages besides numpy (a virtual environment on the mount):
+# torch's own packages and the dependencies it imports at once.
+TORCH_DIRS = ("torch", "torchgen", "opt_einsum", "tqdm", "certifi", "filelock", "sympy", "mpmath", "networkx")
+TORCH_FILES = ("typing_extensions.py",)
 
 
 def _fresh(tmp: str) -> None:
@@ -193,15 +197,29 @@ def numpy_origin() -> str:
 
 def make_numpy_copy(path: str) -> None:
     """A copy of the installed numpy (with its compiled bytecode and bundled libraries) under *path*."""
+    _copy_packages(path, NUMPY_DIRS)
+
+
+def make_torch_copy(path: str) -> None:
+    """A copy of the installed torch and what ``import torch`` loads with it (numpy too) under *path*."""
+    _copy_packages(path, NUMPY_DIRS + TORCH_DIRS, TORCH_FILES)
+
+
+def _copy_packages(path: str, dirs: tuple[str, ...], files: tuple[str, ...] = ()) -> None:
+    """Copies of the site-packages directories *dirs* and files *files* (those installed) under *path*."""
     origin = numpy_origin()
     tmp = path + ".tmp"
     _fresh(tmp)
     os.makedirs(tmp)
-    for name in NUMPY_DIRS:
+    for name in dirs:
         src = os.path.join(origin, name)
         if os.path.isdir(src):
             # copy2 keeps mtimes, so the copied __pycache__ stays valid for the copied sources
             shutil.copytree(src, os.path.join(tmp, name), symlinks=True, copy_function=shutil.copy2)
+    for name in files:
+        src = os.path.join(origin, name)
+        if os.path.isfile(src):
+            shutil.copy2(src, os.path.join(tmp, name))
     os.replace(tmp, path)
 
 

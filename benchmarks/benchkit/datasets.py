@@ -175,6 +175,12 @@ class Dataset:
         spec = {"kind": "numpy", "version": numpy.__version__, "origin": datagen.numpy_origin()}
         return self._make(name, spec, datagen.make_numpy_copy)
 
+    def torch_copy(self, name: str = "pylib-torch") -> str:
+        import torch
+
+        spec = {"kind": "torch_lib", "version": torch.__version__, "origin": datagen.numpy_origin()}
+        return self._make(name, spec, datagen.make_torch_copy)
+
     def hf_safetensors(self, name: str = "hf-model.safetensors") -> str:
         n = self.big_bytes
         spec = {"kind": "hf_safetensors", "bytes": n, "hidden": datagen.HF_HIDDEN}

@@ -260,6 +260,10 @@ def _import_numpy(ds: Dataset) -> Plan:
     return _file(ds, ds.numpy_copy(), clients.import_numpy)
 
 
+def _import_torch(ds: Dataset) -> Plan:
+    return _file(ds, ds.torch_copy(), clients.import_torch, imports=("torch",))
+
+
 def _tree(ds: Dataset) -> Plan:
     return _file(ds, ds.tree("tree", TREE_DIRS, ds.scaled(TREE_FILES, 25)), readers.tree_walk)
 
@@ -346,6 +350,7 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("procs4", "4 processes, each reading a different 256 MiB file", _procs4),
     Workload("git", "git fsck --full + git log --stat, one ~40 MiB pack", _git),
     Workload("import_numpy", "fresh interpreter: import numpy (+linalg, fft, random) from the mount", _import_numpy),
+    Workload("import_torch", "fresh interpreter: import torch (and what it loads) from the mount", _import_torch),
     Workload("tree_walk", "os.walk + read of 20 x 500 files of 4-64 KiB", _tree),
     Workload("tar_shards", "8 tar shards read by 2 processes (WebDataset style)", _tar),
     Workload("over_budget", "data set 10x the fastfs budget, 256 KiB files, two shuffled epochs", _over_budget),
