@@ -47,17 +47,24 @@ def test_read_from_zero_is_sequential_and_prefetches_initial_window():
     assert plan.prefetch == ((0, MIB + 8 * MIB),)
 
 
-def test_window_doubles_when_scheduled_whole_up_to_cap():
-    p = policy()
+def windows_of_a_pass(p: StreamPolicy, reads: int, reload_at: int = -1) -> list[int]:
+    """The windows *p* plans ahead of a pass of *reads* 1 MiB reads from 0, each plan scheduled whole
+    (at read *reload_at*, a reload gives it the limits of the default config again)."""
     windows = []
-    offset = 0
-    for _ in range(400):
+    for step in range(reads):
+        if step == reload_at:
+            p.set_windows(8 * MIB, 64 * MIB)
+        offset = step * MIB
         plan = p.on_read(offset, MIB)
         if plan.prefetch:
-            start, stop = plan.prefetch[0]
+            stop = plan.prefetch[0][1]
             windows.append(stop - (offset + MIB))
             p.scheduled(plan.stream, stop, complete=True)
-        offset += MIB
+    return windows
+
+
+def test_window_doubles_when_scheduled_whole_up_to_cap():
+    windows = windows_of_a_pass(policy(), 400)
     assert windows[0] == 8 * MIB
     assert max(windows) == 64 * MIB
     assert windows == sorted(windows)
@@ -66,17 +73,7 @@ def test_window_doubles_when_scheduled_whole_up_to_cap():
 def test_a_capped_version_prefetches_one_block_ahead_for_good():
     p = policy()
     p.cap_windows(CODE_WINDOW)
-    windows = []
-    offset = 0
-    for step in range(40):
-        if step == 20:  # a reload gives the limits of the config again: the cap stays
-            p.set_windows(8 * MIB, 64 * MIB)
-        plan = p.on_read(offset, MIB)
-        if plan.prefetch:
-            start, stop = plan.prefetch[0]
-            windows.append(stop - (offset + MIB))
-            p.scheduled(plan.stream, stop, complete=True)
-        offset += MIB
+    windows = windows_of_a_pass(p, 40, reload_at=20)  # the cap outlasts the reload
     assert windows and set(windows) == {CODE_WINDOW}
     assert (p.initial_window, p.max_window) == (CODE_WINDOW, CODE_WINDOW)
     uncapped = policy()
