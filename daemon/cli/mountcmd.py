@@ -82,6 +82,10 @@ def check_paths(source: str, mountpoint: str, nonempty: bool = False) -> tuple[s
     try:
         st = os.stat(mountpoint)
     except FileNotFoundError:
+        if _inside(canonical(mountpoint), src):  # (creating it there would change the source)
+            raise CliError(
+                f"mountpoint {mountpoint} is inside source {source}: use a directory outside the source"
+            ) from None
         raise CliError(f"mountpoint {mountpoint} does not exist (create it: mkdir {mountpoint})") from None
     except OSError as e:
         if e.errno == errno.ENOTCONN:

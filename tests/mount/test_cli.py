@@ -75,6 +75,8 @@ def _cases(tmp: Path, src: Path, mnt: Path) -> dict[str, tuple[list[object], str
         "mnt-file": (["mount", src, tmp / "afile"], "not a directory"),
         "mnt-not-empty": (["mount", src, full], "not empty"),
         "mnt-inside-src": (["mount", src, inner], "inside"),
+        # (not "create it": a mount point made there would change the source)
+        "mnt-missing-inside-src": (["mount", src, src / "nope"], "inside source"),
         "mnt-is-src": (["mount", src, src], "is the source itself"),
         "bad-config-key": (["mount", src, mnt, "--config", bad_key], "cache.nonsense"),
         "bad-config-value": (["mount", src, mnt, "--config", bad_value], "cache.workers"),
@@ -93,6 +95,7 @@ CASE_NAMES = [
     "mnt-file",
     "mnt-not-empty",
     "mnt-inside-src",
+    "mnt-missing-inside-src",
     "mnt-is-src",
     "bad-config-key",
     "bad-config-value",
