@@ -102,6 +102,11 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ),
     (fstats.PREADS, "source_reads_total", "Reads issued to the source."),
     (fstats.PREAD_ERRORS, "source_read_errors_total", "Reads from the source that failed."),
+    (
+        fstats.SOURCE_REATTACHED,
+        "source_reattached_total",
+        "Times the source root was opened again by its path: its mount's connection was gone (a restarted client).",
+    ),
     (fstats.EVICTIONS, "cache_evictions_total", "RAM cache blocks evicted to stay within the budget."),
     (fstats.BACKPRESSURE, "prefetch_declined_total", "Prefetches refused because the cache budget was full."),
     (fstats.SEQ_RESETS, "sequential_resets_total", "Sequential streams that collapsed on a seek."),

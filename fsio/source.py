@@ -15,6 +15,15 @@ Data reads are always ``os.preadv`` at an explicit offset (no shared file positi
 the only cached copy and the source sees our large requests instead of its own small read-ahead;
 reads into unaligned buffers or at unaligned tails fall back to a buffered descriptor.
 
+A source that is another FUSE client (rclone, s3fs, sshfs) may die and be mounted again at the same
+path while fastfs stays mounted (its service restarted). The root descriptor then belongs to a dead
+connection (every call answers ENOTCONN), where a reader of the path reaches the new mount. A call
+that gets one of :data:`GONE_ERRNOS` therefore opens the root by its path again (:meth:`Source.reattach`,
+at most once per :data:`REATTACH_PERIOD`) and, when that is a live file system of the kind mounted
+(not the empty directory under a mount taken down and not made again yet), is made once more on it.
+Files opened on the dead mount stay dead, as a reader's descriptors of it do; the new mount's files
+are new versions (another device).
+
 Descriptors. Each open file version holds one descriptor; the extra block-read streams of large
 files are drawn from a per-mount budget (:func:`stream_fd_budget` of the descriptor limit), so
 streams never take the descriptors open files need: when the budget is used up, block reads go
@@ -87,6 +96,13 @@ def _openat2(dirfd: int, rel: str, flags: int) -> int:
         raise OSError(err, os.strerror(err), rel)
     return fd
 
+
+# errnos of a source whose connection is gone: a FUSE client that died answers them until its mount
+# is taken down (Source.reattach then opens the root by its path again).
+GONE_ERRNOS = frozenset({errno.ENOTCONN, errno.ECONNABORTED})
+# Seconds between two reopens of the source root after a gone errno: a dead mount not taken down yet
+# answers every call at once, and each request of a busy reader would otherwise reopen the path.
+REATTACH_PERIOD = 1.0
 
 # Directories whose O_PATH descriptors are kept for metadata calls at once (least recently used closed
 # first): a working set of directories read at once (a data set's class folders are read one after
@@ -232,10 +248,12 @@ class DirFds:
 class Source:
     """The source tree, reached only through descriptors beneath its root.
 
-    Thread-safe: holds the immutable root descriptor, the kept directory descriptors (``dirs``, a
-    :class:`DirFds` with its own lock) and the count of extra block-read descriptors open
-    (``stream_fds``, at most ``stream_budget``), guarded by ``_budget_lock``. ``stats`` (where the
-    requests are counted; None: not counted) is set once by the engine before any request.
+    Thread-safe: holds the root descriptor (replaced only by :meth:`reattach`, under ``_root_lock``,
+    with ``_generation``; a replaced one stays open until :meth:`close`, so a call still using its
+    number never reaches another file), the kept directory descriptors (``dirs``, a :class:`DirFds`
+    with its own lock) and the count of extra block-read descriptors open (``stream_fds``, at most
+    ``stream_budget``), guarded by ``_budget_lock``. ``stats`` (where the requests are counted;
+    None: not counted) is set once by the engine before any request.
     """
 
     def __init__(self, root: str, direct: bool = True, streams: int = 1, stream_budget: int | None = None) -> None:
@@ -251,6 +269,10 @@ class Source:
         self._budget_lock = threading.Lock()
         self.stats: m.Stats | None = None
         self.dirs = DirFds(self._open_dir)  # its trust is the close-to-open bound, set by the engine
+        self._root_lock = threading.Lock()
+        self._generation = 0  # roots attached since the first (read without the lock: one load)
+        self._reattached_at = -REATTACH_PERIOD  # monotonic time of the last reopen tried (_root_lock)
+        self._old_roots: list[int] = []  # replaced root descriptors, closed by close() (_root_lock)
 
     def count(self, kind: str) -> None:
         """One request of *kind* (``SOURCE_OPENS``, ``SOURCE_STATS``, ``SOURCE_LISTINGS``) asked of the source."""
@@ -274,13 +296,57 @@ class Source:
 
     def close(self) -> None:
         self.dirs.close()
+        with self._root_lock:
+            old, self._old_roots = self._old_roots, []
+        for fd in old:
+            os.close(fd)
         if self.root_fd >= 0:
             os.close(self.root_fd)
             self.root_fd = -1
 
+    def reattach(self, generation: int) -> bool:
+        """A call made on the root of *generation* got one of :data:`GONE_ERRNOS`: open the root by its
+        path again (at most once per :data:`REATTACH_PERIOD`) and keep it when it is a live file system
+        of the kind the source was at mount (statfs type, and the mount table's type where it was
+        known). True when the call may be made again: a root newer than *generation* is attached, by
+        this call or another."""
+        with self._root_lock:
+            if self._generation != generation:
+                return True
+            now = time.monotonic()
+            if now - self._reattached_at < REATTACH_PERIOD:
+                return False
+            self._reattached_at = now
+            try:
+                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                return False  # (still the dead mount: its calls keep failing until it is taken down)
+            same = fs_type(fd) == self.fs_type
+            if same and self.mount_type:
+                same = read_mount_type(self.root) == self.mount_type
+            if not same:  # (the directory under a mount taken down, not mounted again yet)
+                os.close(fd)
+                return False
+            self._old_roots.append(self.root_fd)
+            self.root_fd = fd
+            self._generation += 1
+        self.dirs.close()  # (descriptors of the dead mount's directories)
+        self.count(m.SOURCE_REATTACHED)
+        log.warning("source %s: its mount's connection was gone; opened it again by its path", self.root)
+        return True
+
     # -- resolution -------------------------------------------------------------------------
     def open_rel(self, parts: list[str], flags: int) -> int:
         """Open ``root/parts`` without following any symlink; returns a descriptor."""
+        generation = self._generation
+        try:
+            return self._open_rel(parts, flags)
+        except OSError as e:
+            if e.errno not in GONE_ERRNOS or not self.reattach(generation):
+                raise
+        return self._open_rel(parts, flags)
+
+    def _open_rel(self, parts: list[str], flags: int) -> int:
         global _openat2_works
         rel = "/".join(parts) or "."
         if _openat2_works is not False and _SYS_OPENAT2 is not None:
@@ -327,6 +393,15 @@ class Source:
 
     # -- metadata ---------------------------------------------------------------------------
     def lstat(self, path: str) -> os.stat_result:
+        generation = self._generation
+        try:
+            return self._lstat(path)
+        except OSError as e:
+            if e.errno not in GONE_ERRNOS or not self.reattach(generation):
+                raise
+        return self._lstat(path)
+
+    def _lstat(self, path: str) -> os.stat_result:
         parts = split(path)
         stats = self.stats
         if stats is not None:  # (count() inlined: every open and lookup comes here)
@@ -381,6 +456,12 @@ class Source:
             os.close(fd)
 
     def statvfs(self) -> os.statvfs_result:
+        generation = self._generation
+        try:
+            return os.statvfs(self.root_fd)
+        except OSError as e:
+            if e.errno not in GONE_ERRNOS or not self.reattach(generation):
+                raise
         return os.statvfs(self.root_fd)
 
     def access(self, path: str, mode: int) -> None:

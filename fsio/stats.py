@@ -78,6 +78,7 @@ SOURCE_OPENS = "source_opens"  # files opened (an open's revalidation, scan fetc
 SOURCE_STATS = "source_stats"  # lstat / fstat of a file or directory (lookups, revalidations, listing checks)
 SOURCE_LISTINGS = "source_listings"  # directories listed
 SOURCE_OPEN_RETRIES = "source_open_retries"  # opens made again: the source answered EBADFD (Source.open_file)
+SOURCE_REATTACHED = "source_reattached"  # source root opened again by its path: its mount's connection was gone
 # Opens answered without opening the source (small versions fastfs or the kernel holds).
 OPENS_FROM_META = "opens_from_metadata"  # metadata younger than fuse.revalidate: no source request
 OPENS_REVALIDATED = "opens_revalidated"  # older: one stat of the file showed the version unchanged
@@ -134,6 +135,7 @@ COUNTERS = (
     SOURCE_STATS,
     SOURCE_LISTINGS,
     SOURCE_OPEN_RETRIES,
+    SOURCE_REATTACHED,
     OPENS_FROM_META,
     OPENS_REVALIDATED,
     OPENS_DIR_VERIFIED,

@@ -143,7 +143,8 @@ def format_summary(snap: dict[str, Any]) -> str:
         f"  source requests    {c.get('source_opens', 0)} opens ({c.get('source_open_retries', 0)} made again:"
         " the source said EBADFD),"
         f" {c.get('source_stats', 0)} stats,"
-        f" {c.get('source_listings', 0)} listings; opens without a source open:"
+        f" {c.get('source_listings', 0)} listings, {c.get('source_reattached', 0)} times its root opened"
+        " again (its mount's connection was gone); opens without a source open:"
         f" {c.get('opens_from_metadata', 0)} fresh, {c.get('opens_revalidated', 0)} revalidated by a stat,"
         f" {c.get('opens_dir_verified', 0)} by their directory",
         *_source_line(snap.get("source")),

@@ -1100,3 +1100,52 @@ def test_a_reader_of_a_hung_file_returns_soon_after_sigint(faulty_wide, reader: 
             assert waited < SIGNAL_RETURN_BOUND, f"{reader} returned {waited:.1f}s after SIGINT"
         finally:
             fs.clear()
+
+
+def _reads_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def test_a_source_mount_restarted_under_fastfs_is_read_again(tmp_path: Path) -> None:
+    """A source that is another FUSE client (rclone, s3fs, sshfs) may die and be mounted again at the
+    same path while fastfs stays mounted (a service restarted): fastfs then reads the new mount, as a
+    reader of that path would, instead of answering ENOTCONN for good (the root it opened at mount
+    belongs to the dead connection)."""
+    backing, faultsrc, mnt = tmp_path / "backing", tmp_path / "faultsrc", tmp_path / "mnt"
+    for d in (backing, faultsrc, mnt):
+        d.mkdir()
+    (backing / "dir").mkdir()
+    data = {"top.bin": rand_bytes(2 * MIB + 3, 11), "dir/small.txt": b"small\n" * 300, "dir/late.bin": b""}
+    for name, payload in data.items():
+        (backing / name).write_bytes(payload)
+    first = faultfs_mounted(backing, faultsrc, tmp_path / "faultfs-work-1")
+    fs = first.__enter__()
+    try:
+        with mounted(faultsrc, mnt) as m:
+            assert (mnt / "top.bin").read_bytes() == data["top.bin"]
+            assert (mnt / "dir" / "small.txt").read_bytes() == data["dir/small.txt"]
+            fs.proc.kill()  # the source's client dies: its mount answers ENOTCONN until unmounted
+            fs.proc.wait(timeout=30)
+            first.__exit__(None, None, None)  # its mount is taken down, as `fusermount -u` would
+            first = None
+            (backing / "dir" / "late.bin").write_bytes(b"written while the source was down\n")
+            # no source mounted: an error, never the empty directory under the mount as the source
+            with pytest.raises(OSError):
+                (mnt / "dir" / "small.txt").read_bytes()
+            assert m.stats()["counters"]["source_reattached"] == 0
+            with faultfs_mounted(backing, faultsrc, tmp_path / "faultfs-work-2"):
+                # (a reopen is tried at most once per second: the one just refused holds the next back)
+                assert wait_for(lambda: _reads_or_none(mnt / "dir" / "small.txt") is not None, timeout=30)
+                # a file read before, a listing, a file changed meanwhile, one never read before
+                assert (mnt / "dir" / "small.txt").read_bytes() == data["dir/small.txt"]
+                assert sorted(os.listdir(mnt / "dir")) == ["late.bin", "small.txt"]
+                assert (mnt / "dir" / "late.bin").read_bytes() == b"written while the source was down\n"
+                assert (mnt / "top.bin").read_bytes() == data["top.bin"]
+                counters = m.stats()["counters"]
+                assert counters["source_reattached"] >= 1, counters
+    finally:
+        if first is not None:
+            first.__exit__(None, None, None)

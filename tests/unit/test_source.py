@@ -160,6 +160,55 @@ def test_an_open_the_source_answers_with_ebadfd_is_made_again_once(source, monke
     assert counters[m.SOURCE_OPENS] == 2
 
 
+def test_a_root_whose_connection_is_gone_is_opened_again_by_its_path(tree, monkeypatch):
+    """ENOTCONN (a FUSE client that died) makes the call open the root by its path again and retry
+    once, when that is a file system of the kind mounted; not more than once per REATTACH_PERIOD, and
+    never the directory under a mount taken down (another file system type): the error is passed on."""
+    from fastfs.fsio import stats as m
+    from fastfs.fsio.stats import Stats
+
+    clock = [1000.0]
+    monkeypatch.setattr(source_module.time, "monotonic", lambda: clock[0])
+    s = Source(str(tree))
+    s.stats = Stats()
+    real = s._open_rel
+    dead = {s.root_fd}  # descriptors of the "dead connection"
+
+    def rel(parts, flags):
+        if s.root_fd in dead:
+            raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
+        return real(parts, flags)
+
+    monkeypatch.setattr(s, "_open_rel", rel)
+    try:
+        # the path is another file system now (the directory under the mount): refused, passed on
+        monkeypatch.setattr(source_module, "fs_type", lambda fd: s.fs_type + 1)
+        assert errno_of(s.open_file, "/small") == errno.ENOTCONN
+        # the same kind again, but within the period of the last try: passed on
+        monkeypatch.setattr(source_module, "fs_type", lambda fd: s.fs_type)
+        clock[0] += source_module.REATTACH_PERIOD / 2
+        assert errno_of(s.open_file, "/small") == errno.ENOTCONN
+        # after the period: reopened, and the call made again on the new root
+        clock[0] += source_module.REATTACH_PERIOD
+        old = s.root_fd
+        f = s.open_file("/sub/f")
+        try:
+            assert os.pread(f.fd, 64, 0) == b"in sub"
+        finally:
+            f.close()
+        assert s.root_fd != old
+        assert s.lstat("/small").st_size == len(b"hello world")
+        # a call that failed on a root replaced meanwhile (by another thread) is made again at once
+        generation = s._generation
+        assert s.reattach(generation - 1) is True
+        assert s._generation == generation
+        assert s.stats.snapshot()["counters"][m.SOURCE_REATTACHED] == 1
+    finally:
+        s.close()
+    with pytest.raises(OSError):  # the replaced root is closed with the source
+        os.fstat(old)
+
+
 def test_a_directory_swapped_for_a_symlink_after_a_lookup_is_not_followed(source, tree):
     f = source.open_file("/sub/f")
     f.close()
