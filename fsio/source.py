@@ -97,9 +97,11 @@ def _openat2(dirfd: int, rel: str, flags: int) -> int:
     return fd
 
 
-# errnos of a source whose connection is gone: a FUSE client that died answers them until its mount
-# is taken down (Source.reattach then opens the root by its path again).
-GONE_ERRNOS = frozenset({errno.ENOTCONN, errno.ECONNABORTED})
+# errnos of a source whose connection is gone: a FUSE client that died answers the first two until its
+# mount is taken down, an NFS client ESTALE for an export made again (Source.reattach then opens the
+# root by its path again, when the root itself fails: a file's own ESTALE or a dead mount inside the
+# source leaves it alone).
+GONE_ERRNOS = frozenset({errno.ENOTCONN, errno.ECONNABORTED, errno.ESTALE})
 # Seconds between two reopens of the source root after a gone errno: a dead mount not taken down yet
 # answers every call at once, and each request of a busy reader would otherwise reopen the path.
 REATTACH_PERIOD = 1.0
@@ -305,8 +307,9 @@ class Source:
             self.root_fd = -1
 
     def reattach(self, generation: int) -> bool:
-        """A call made on the root of *generation* got one of :data:`GONE_ERRNOS`: open the root by its
-        path again (at most once per :data:`REATTACH_PERIOD`) and keep it when it is a live file system
+        """A call made on the root of *generation* got one of :data:`GONE_ERRNOS`: when the root itself
+        no longer answers, open it by its path again (at most once per :data:`REATTACH_PERIOD`) and
+        keep that when it is a live file system
         of the kind the source was at mount (statfs type, and the mount table's type where it was
         known). True when the call may be made again: a root newer than *generation* is attached, by
         this call or another."""
@@ -316,6 +319,8 @@ class Source:
             now = time.monotonic()
             if now - self._reattached_at < REATTACH_PERIOD:
                 return False
+            if self._root_answers():
+                return False  # (the error was the call's own, not the root's)
             self._reattached_at = now
             try:
                 fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -333,6 +338,14 @@ class Source:
         self.dirs.close()  # (descriptors of the dead mount's directories)
         self.count(m.SOURCE_REATTACHED)
         log.warning("source %s: its mount's connection was gone; opened it again by its path", self.root)
+        return True
+
+    def _root_answers(self) -> bool:
+        """True when the root descriptor still answers a stat (its connection is not gone)."""
+        try:
+            os.fstat(self.root_fd)
+        except OSError:
+            return False
         return True
 
     # -- resolution -------------------------------------------------------------------------

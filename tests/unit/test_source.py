@@ -180,6 +180,7 @@ def test_a_root_whose_connection_is_gone_is_opened_again_by_its_path(tree, monke
         return real(parts, flags)
 
     monkeypatch.setattr(s, "_open_rel", rel)
+    monkeypatch.setattr(s, "_root_answers", lambda: s.root_fd not in dead)
     try:
         # the path is another file system now (the directory under the mount): refused, passed on
         monkeypatch.setattr(source_module, "fs_type", lambda fd: s.fs_type + 1)
@@ -203,6 +204,11 @@ def test_a_root_whose_connection_is_gone_is_opened_again_by_its_path(tree, monke
         assert s.reattach(generation - 1) is True
         assert s._generation == generation
         assert s.stats.snapshot()["counters"][m.SOURCE_REATTACHED] == 1
+        # a call's own ESTALE (a file replaced on NFS) while the root answers: no reopen, passed on
+        clock[0] += 2 * source_module.REATTACH_PERIOD
+        monkeypatch.setattr(s, "_lstat", lambda path: (_ for _ in ()).throw(OSError(errno.ESTALE, "stale")))
+        assert errno_of(s.lstat, "/small") == errno.ESTALE
+        assert s._generation == generation
     finally:
         s.close()
     with pytest.raises(OSError):  # the replaced root is closed with the source
