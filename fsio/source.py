@@ -308,30 +308,37 @@ class Source:
 
     def reattach(self, generation: int) -> bool:
         """A call made on the root of *generation* got one of :data:`GONE_ERRNOS`: when the root itself
-        no longer answers, open it by its path again (at most once per :data:`REATTACH_PERIOD`) and
-        keep that when it is a live file system
-        of the kind the source was at mount (statfs type, and the mount table's type where it was
-        known). True when the call may be made again: a root newer than *generation* is attached, by
-        this call or another."""
+        no longer answers, open it by its path again (one caller at a time, at most once per
+        :data:`REATTACH_PERIOD`) and keep that when it is a live file system of the kind the source was
+        at mount (statfs type, and the mount table's type where it was known). True when the call may
+        be made again: a root newer than *generation* is attached, by this call or another. The stat
+        and the open run without the lock (a hung mount at the path holds up this caller only; the
+        others pass their error on meanwhile)."""
         with self._root_lock:
             if self._generation != generation:
                 return True
             now = time.monotonic()
             if now - self._reattached_at < REATTACH_PERIOD:
                 return False
-            if self._root_answers():
-                return False  # (the error was the call's own, not the root's)
             self._reattached_at = now
-            try:
-                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
-                return False  # (still the dead mount: its calls keep failing until it is taken down)
-            same = fs_type(fd) == self.fs_type
-            if same and self.mount_type:
-                same = read_mount_type(self.root) == self.mount_type
-            if not same:  # (the directory under a mount taken down, not mounted again yet)
+        if self._root_answers():
+            with self._root_lock:
+                self._reattached_at = -REATTACH_PERIOD  # (the error was the call's own, not the root's)
+            return False
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return False  # (still the dead mount: its calls keep failing until it is taken down)
+        same = fs_type(fd) == self.fs_type
+        if same and self.mount_type:
+            same = read_mount_type(self.root) == self.mount_type
+        if not same:  # (the directory under a mount taken down, not mounted again yet)
+            os.close(fd)
+            return False
+        with self._root_lock:
+            if self._generation != generation:  # (another caller attached one meanwhile, a period later)
                 os.close(fd)
-                return False
+                return True
             self._old_roots.append(self.root_fd)
             self.root_fd = fd
             self._generation += 1
