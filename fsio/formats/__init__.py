@@ -18,7 +18,8 @@ Design:
   ``torch.load`` and ``pickle.load`` read it in order) is told from the first bytes alone
   (:func:`loader_maps`, :data:`DETECT_BYTES`): on a source that serves a handle as one stream, the
   route of a large file's open depends on it (:func:`fastfs.fsio.policy.stream_file_route`). There
-  alone a file's name is a hint (:func:`maps_by_name`, each module's ``SUFFIXES``), which spares the
+  alone a file's name is a hint (:func:`maps_by_name`, each module's ``SUFFIXES`` and archives read
+  in order, :data:`IN_ORDER_SUFFIXES`), which spares the
   first-page read, one more download on such a client: a wrong hint costs nothing against direct
   reads (a misnamed file passes through, read as a direct reader would, or is served).
 - Programs and shared libraries (ELF, :func:`is_program`) get no plan: what the dynamic loader touches
@@ -43,6 +44,12 @@ DETECT_BYTES = 4096
 MAX_READS = 2  # read_at calls allowed per file: each is a source round trip made while open() waits
 # The first bytes of every ELF object (executables, shared libraries): the dynamic loader maps these.
 ELF_MAGIC = b"\x7fELF"
+
+# Names of formats no parser here reads whose loaders read the file from its start to its end in order
+# (WebDataset's tar shards, TFRecord files): the name tells a stream source's route (not mapped, see
+# maps_by_name) without the first page's read, one more download on such a client (8 tar shards over
+# rclone, 2 ms: 16 GETs, the server reading 1.35x the data, against 8 and 1.00x directly).
+IN_ORDER_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tfrecord", ".tfrecords")
 
 ReadAt = Callable[[int, int], bytes]
 
@@ -171,13 +178,15 @@ def loader_maps(head: bytes) -> bool:
 
 def maps_by_name(path: str) -> bool | None:
     """Whether a file's name says its loader maps it (``.safetensors``: True; ``.npy``, ``.pt``,
-    ``.pdparams``, ``.pkl`` ...: False), None for a name no format here claims (then
-    :func:`loader_maps` of its first bytes tells). A hint, for the route on a stream source only
-    (see the module docstring); plans are never made from names."""
+    ``.pdparams``, ``.pkl`` and the archives of :data:`IN_ORDER_SUFFIXES` ...: False), None for a name
+    no format here claims (then :func:`loader_maps` of its first bytes tells). A hint, for the route on
+    a stream source only (see the module docstring); plans are never made from names."""
     name = path.rpartition("/")[2].lower()
     for module in _parsers():
         if name.endswith(module.SUFFIXES):
             return bool(module.MAPPED)
+    if name.endswith(IN_ORDER_SUFFIXES):
+        return False
     return None
 
 

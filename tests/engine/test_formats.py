@@ -338,7 +338,9 @@ def test_loader_maps_is_false_for_what_no_mapping_loader_reads(head: bytes) -> N
         ("/m/opt.pdopt", False),
         ("/m/state.pkl", False),
         ("/m/pytorch_model.bin", None),  # a torch zip or anything: the first page tells
-        ("/m/shard.tar", None),
+        ("/m/shard-000017.tar", False),  # WebDataset's shards: read in order, no page read to decide
+        ("/m/train.tfrecords", False),
+        ("/m/tar", None),
         ("/m/npy", None),
         ("/m.safetensors/data", None),  # a directory's name says nothing of its files
     ],

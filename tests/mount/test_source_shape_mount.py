@@ -217,3 +217,25 @@ def test_on_a_stream_source_a_large_file_passes_through_unless_its_loader_maps_i
                 assert _read_file(m.mnt / name) == data, name
             c = m.stats()["counters"]
         assert c["opens_passthrough"] == 0 and c["stream_route_passthrough"] == 0 and c["stream_route_served"] == 0
+
+
+def test_a_tar_shard_on_a_stream_source_opens_the_source_once(tmp_path) -> None:
+    """A WebDataset shard's name says its loader reads it in order: it passes through on a stream
+    client without the first-page read that would decide it otherwise (one more download there: over
+    rclone, 2 ms, 8 shards cost 16 GETs and the server read 1.35x the data, against 8 and 1.00x
+    directly)."""
+    src = tmp_path / "data"
+    src.mkdir()
+    data = os.urandom(8 * MIB + 512)
+    (src / "shard-000000.tar").write_bytes(data)
+    with emulated(str(src), str(tmp_path / "emu"), behaviour=Behaviour.parse(STREAM_SPEC)) as emu:
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        with mounted(emu.mnt, mnt, options=["readahead.source_shape=sequential"]) as m:
+            before = emu.counters()
+            assert _read_file(m.mnt / "shard-000000.tar") == data
+            after = emu.counters()
+            c = m.stats()["counters"]
+    assert c["stream_route_passthrough"] == 1 and c["opens_passthrough"] == 1, c
+    assert c["source_opens"] == 1 and c["preads"] == 0, c  # (no handle of its own to read the head)
+    assert after["restarts"] - before["restarts"] == 0, (before, after)
