@@ -127,6 +127,11 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
         "Scans of a shuffled reader stopped: the source answered their fetches one at a time.",
     ),
     (
+        fstats.SCAN_UNLISTED,
+        "scans_unlisted_total",
+        "Scans not started: the source's listing asks about every entry and the reader did not list the directory.",
+    ),
+    (
         fstats.SCAN_AWAITED,
         "opens_awaited_scan_total",
         "Opens that waited for the scan's fetch of their file under way instead of opening the source again.",

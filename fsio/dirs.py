@@ -246,6 +246,12 @@ class DirListings:
             if state is not None and state.listed is not None:
                 self._entries -= len(state.listed.entries)
 
+    def listed(self, path: str) -> bool:
+        """True when *path* was listed on this mount and its listing is still remembered (however old:
+        what the source's client learned from it, such as its attribute cache, may still hold)."""
+        state = self._dirs.get(path)
+        return state is not None and state.listed is not None
+
     def kept(self, path: str) -> list[Dirent] | None:
         """The kept listing of *path* (reports and tests), or None."""
         state = self._dirs.get(path)

@@ -12,6 +12,8 @@ is fetched only the names just past it (a strided one, every k-th name, the next
 stride), and none while it skips names otherwise (:meth:`~fastfs.fsio.policy.ScanPolicy.may_fetch`);
 all scans together evict nothing to fetch while the mount's prefetched bytes not read yet fill their
 share of the budget (:meth:`Scanner._mount_share_full`).
+Over a client whose listing asks about every entry (s3fs), a scan starts only in a directory listed on
+this mount before (its reader's own listing: :meth:`Scanner._may_list`).
 With learning on, the set of files each directory's readers opened is recorded and, on the next
 epoch or after a remount, a scan of that set starts on the first open (:meth:`Scanner._start_replay`:
 after one listing of the directory, which tells the source's client every name at once, and drops
@@ -81,7 +83,7 @@ from fastfs.fsio.handover import scans_wanted
 from fastfs.fsio.latch import Latch
 from fastfs.fsio.policy import ScanPolicy, ScanWindow, Siblings
 from fastfs.fsio.pool import PreadPool
-from fastfs.fsio.shape import replay_lists
+from fastfs.fsio.shape import replay_lists, scan_lists_first
 from fastfs.fsio.source import FileKey, Source, SourceFile, split, stat_key
 from fastfs.fsio.trace import DecisionLog
 
@@ -156,6 +158,7 @@ class DirScan:
     held: bool = False  # counted once in SCAN_HELD: its reader in name order skipped names it passed
     stride: int = 0  # the reader's stride last told in the decision log (0: none)
     window: ScanWindow | None = None  # fetches in flight of a windowed scan (made at its first fetch)
+    unlisted: bool = False  # counted once in SCAN_UNLISTED: not started, its directory not listed (Scanner._may_list)
 
     def parallel(self, fixed: int = 0) -> int:
         """Fetches this scan keeps in flight at most (the caller holds ``lock``); *fixed*:
@@ -443,6 +446,8 @@ class Scanner:
                 self._start_replay(dir_path, ds, names, listed=False)  # (the pool is full: as learned)
         if arrived and len(parts) > 1 and self.readahead.walk_ahead > 0 and self.dirs is not None:
             self._arrived(dir_path)
+        if start and not self._may_list(dir_path, ds):
+            start = False
         if start:
             self.trace("%s: small-file scan: several of its files opened in a short span, fetching the rest", dir_path)
             self.stats.add(m.SCANS)
@@ -454,6 +459,24 @@ class Scanner:
                     ds.policy.active = False
         elif ds.queue:
             self._pump(dir_path, ds)
+
+    def _may_list(self, dir_path: str, ds: DirScan) -> bool:
+        """May a scan about to start list its directory? Always, but over a client whose listing asks
+        about every entry (:func:`~fastfs.fsio.shape.scan_lists_first`) only once the directory was
+        listed on this mount (by its reader, or an earlier scan): else no scan starts, counted once per
+        directory, and the reader's next open asks again."""
+        if self.dirs is None or scan_lists_first(self.source.mount_type) or self.dirs.listed(dir_path):
+            return True
+        with ds.lock:
+            ds.policy.active = False
+            told, ds.unlisted = ds.unlisted, True
+        if not told:
+            self.stats.add(m.SCAN_UNLISTED)
+            self.trace(
+                "%s: no small-file scan: the source's listing asks about every entry, and its reader did not list it",
+                dir_path,
+            )
+        return False
 
     # -- walks --------------------------------------------------------------------------------------
     def _arrived(self, dir_path: str) -> None:

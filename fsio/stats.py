@@ -51,6 +51,7 @@ SCAN_SKIPPED = "small_file_scan_skipped"  # queued scan fetches not made: the re
 SCAN_HELD = "small_file_scans_held"
 # scans of a shuffled reader stopped: the source answered their fetches one at a time (ScanWindow)
 SCAN_SERIAL = "small_file_scans_serial"
+SCAN_UNLISTED = "small_file_scans_unlisted"  # scans not started: the source lists per entry, the reader did not list
 SCAN_AWAITED = "opens_awaited_scan"  # opens that waited for the scan's fetch of their file under way
 SCAN_AWAIT_TIMEOUTS = "opens_awaited_scan_timeouts"  # ... and gave up waiting (the open then asked the source)
 FORMAT_PLANS = "format_plans"  # opens whose header gave a prefetch plan
@@ -109,6 +110,7 @@ COUNTERS = (
     SCAN_SKIPPED,
     SCAN_HELD,
     SCAN_SERIAL,
+    SCAN_UNLISTED,
     WALK_AHEAD,
     SCAN_AWAITED,
     SCAN_AWAIT_TIMEOUTS,

@@ -86,6 +86,8 @@ def test_dir_times_kept(mount_type: str, kept: bool) -> None:
 )
 def test_replay_lists(mount_type: str, lists: bool) -> None:
     assert shape.replay_lists(mount_type) is lists
+    # a scan lists before its reader did on the same sources (s3fs: only after the reader's listing)
+    assert shape.scan_lists_first(mount_type) is lists
 
 
 # -- the mount table: which mount holds the source ----------------------------------------------------
