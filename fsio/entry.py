@@ -145,7 +145,8 @@ class ReadState:
         self.delivered = 0  # bytes delivered, not yet added to the top-files table
         self.direct = 0  # bytes read from the source for them outside blocks, likewise
         self.mmap_seen = False  # out-of-order reads inside the format plan were counted
-        self.exact = False  # the last read was served whole from the source (a hint: readpath.direct_offer)
+        # the last read was served whole from the source and was not the whole file (a hint: readpath.direct_offer)
+        self.exact = False
 
 
 class FileEntry:

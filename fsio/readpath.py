@@ -184,7 +184,10 @@ class ReadPath:
                         self.cache.unpin(block)
         self.stats.request(served.n, served.cached)
         self.account_file(entry, served.n, served.direct)
-        entry.reads.exact = served.direct == served.n
+        # a read of the whole file leaves the kernel every page: none of it comes back for the loop to
+        # answer, whose duplicate of the descriptor would only cost a close at the source (a FLUSH of
+        # its own: s3fs answers it with a HEAD, one more request a small file than a direct reader's)
+        entry.reads.exact = served.direct == served.n and (offset > 0 or served.n < entry.size)
         return served.n
 
     # -- direct reads (see the module docstring) --------------------------------------------------

@@ -982,6 +982,30 @@ def test_direct_reads_are_offered_only_for_exact_reads_that_join_no_sequential_s
         engine.close()
 
 
+def test_a_small_file_read_whole_is_not_offered_to_the_kernel_layer(tmp_path):
+    """A read that took the whole file leaves the kernel every page: the loop would never answer one of
+    its reads, and the descriptor it duplicates costs a close at the source of its own (a FLUSH; over
+    s3fs a HEAD: 3 HEADs a small file through fastfs, against a direct reader's 2)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = random.Random(2).randbytes(3000)
+    (src / "small").write_bytes(data)
+    (src / "larger").write_bytes(data * 4)
+    engine = make_engine(src, tmp_path, **{"readahead.formats": "false", "readahead.scan_trigger": "1000"})
+    engine.inline_reads = True
+    try:
+        r = engine.open("/small")
+        assert engine.read(r.fh, 0, 4096) == data  # (the kernel's first read: a page, the whole file)
+        assert engine.direct_offer(r.fh) is None
+        engine.release(r.fh)
+        r = engine.open("/larger")
+        assert engine.read(r.fh, 4096, 4096) == (data * 4)[4096:8192]  # part of it: later reads may come
+        assert engine.direct_offer(r.fh) is not None
+        engine.release(r.fh)
+    finally:
+        engine.close()
+
+
 def test_no_direct_reads_for_a_file_with_a_format_plan_or_a_disk_tier(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
