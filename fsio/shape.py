@@ -180,14 +180,15 @@ def replay_lists(mount_type: str) -> bool:
 
 def scan_lists_first(mount_type: str) -> bool:
     """Whether a scan may list its directory before the reader (or the kernel) listed it on this mount:
-    everywhere but over clients whose listing costs a request per entry (:data:`PER_ENTRY_LISTING_CLIENTS`),
-    where a directory listed by the reader first costs the scan no more than the reader's own listing
-    (the client's stat cache holds its entries), and one it never lists is scanned by no one: the
-    listing would ask about every entry for a reader of a few. Measured over s3fs on moto (2 ms one-way
-    delay, 10,000 files of 3 KiB, names known to the reader without a listing): the first tenth in name
-    order took 41.96 s against 23.77 s directly (0.57x), a shuffled tenth 0.44x; whole passes gained
-    1.13-1.23x on their first run (their next runs replay what they read, without a listing)."""
-    return client_of(mount_type) not in PER_ENTRY_LISTING_CLIENTS
+    where a listing is cheap, as for :func:`replay_lists`. Over a client whose listing costs a request
+    per entry (:data:`PER_ENTRY_LISTING_CLIENTS`) a directory listed by the reader first costs the scan
+    no more than the reader's own listing (the client's stat cache holds its entries), and one it never
+    lists is scanned by no one: the listing would ask about every entry for a reader of a few. Measured
+    over s3fs on moto (2 ms one-way delay, 10,000 files of 3 KiB, names known to the reader without a
+    listing): the first tenth in name order took 41.96 s against 23.77 s directly (0.57x), a shuffled
+    tenth 0.44x; whole passes gained 1.13-1.23x on their first run (their next runs replay what they
+    read, without a listing)."""
+    return replay_lists(mount_type)
 
 
 def is_fuse(mount_type: str) -> bool:

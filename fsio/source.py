@@ -58,12 +58,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from fastfs.fsio import shape
 from fastfs.fsio import stats as m
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine)
 RESOLVE_NO_SYMLINKS = 0x04
@@ -347,6 +348,17 @@ class Source:
         log.warning("source %s: its mount's connection was gone; opened it again by its path", self.root)
         return True
 
+    def _on_root(self, call: Callable[..., _T], *args: Any) -> _T:
+        """*call*(*args*), made once more on a root opened again when it failed with one of
+        :data:`GONE_ERRNOS` and :meth:`reattach` says so."""
+        generation = self._generation
+        try:
+            return call(*args)
+        except OSError as e:
+            if e.errno not in GONE_ERRNOS or not self.reattach(generation):
+                raise
+        return call(*args)
+
     def _root_answers(self) -> bool:
         """True when the root descriptor still answers a stat (its connection is not gone)."""
         try:
@@ -358,13 +370,7 @@ class Source:
     # -- resolution -------------------------------------------------------------------------
     def open_rel(self, parts: list[str], flags: int) -> int:
         """Open ``root/parts`` without following any symlink; returns a descriptor."""
-        generation = self._generation
-        try:
-            return self._open_rel(parts, flags)
-        except OSError as e:
-            if e.errno not in GONE_ERRNOS or not self.reattach(generation):
-                raise
-        return self._open_rel(parts, flags)
+        return self._on_root(self._open_rel, parts, flags)
 
     def _open_rel(self, parts: list[str], flags: int) -> int:
         global _openat2_works
@@ -413,13 +419,7 @@ class Source:
 
     # -- metadata ---------------------------------------------------------------------------
     def lstat(self, path: str) -> os.stat_result:
-        generation = self._generation
-        try:
-            return self._lstat(path)
-        except OSError as e:
-            if e.errno not in GONE_ERRNOS or not self.reattach(generation):
-                raise
-        return self._lstat(path)
+        return self._on_root(self._lstat, path)
 
     def _lstat(self, path: str) -> os.stat_result:
         parts = split(path)
@@ -476,13 +476,7 @@ class Source:
             os.close(fd)
 
     def statvfs(self) -> os.statvfs_result:
-        generation = self._generation
-        try:
-            return os.statvfs(self.root_fd)
-        except OSError as e:
-            if e.errno not in GONE_ERRNOS or not self.reattach(generation):
-                raise
-        return os.statvfs(self.root_fd)
+        return self._on_root(lambda: os.statvfs(self.root_fd))
 
     def access(self, path: str, mode: int) -> None:
         self.lstat(path)  # ENOENT for a missing path rather than EACCES
